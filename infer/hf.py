@@ -1,0 +1,30 @@
+"""The few `transformers` APIs the course leans on, in one place, because they move between
+releases (5.x renames `past_key_values` to `cache`). tests/test_hf.py pins their behaviour."""
+
+import inspect
+
+import torch
+from transformers import DynamicCache, GenerationConfig
+
+
+def new_cache(model) -> DynamicCache:
+    return DynamicCache(config=model.config)
+
+
+def forward(model, input_ids: torch.Tensor, cache: DynamicCache | None = None) -> torch.Tensor:
+    """Logits [batch, seq, vocab] of one forward pass; with a cache, its K/V are read and extended."""
+    if cache is None:
+        return model(input_ids, use_cache=False).logits
+    name = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+    return model(input_ids, use_cache=True, **{name: cache}).logits
+
+
+@torch.no_grad()
+def greedy_generate(model, prompt_ids: torch.Tensor, max_new_tokens: int) -> torch.Tensor:
+    """`transformers`' own greedy `generate()`, returning only the new tokens [batch, max_new_tokens].
+
+    End-of-sequence is disabled so that exactly `max_new_tokens` come back: random-weight models
+    emit EOS by chance, and a comparison needs equal lengths."""
+    config = GenerationConfig(do_sample=False, max_new_tokens=max_new_tokens, eos_token_id=None, pad_token_id=0)
+    out = model.generate(prompt_ids, attention_mask=torch.ones_like(prompt_ids), generation_config=config)
+    return out[:, prompt_ids.shape[1]:]

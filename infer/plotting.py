@@ -1,0 +1,27 @@
+"""Figures that say where they were measured: `save_figure` stamps the provenance line onto the
+figure itself and writes it to figures/ (or $INFER_FIGURES_DIR, which `make site` points at its
+build folder so that the committed figures stay untouched)."""
+
+import os
+from pathlib import Path
+
+import matplotlib.pyplot as plt
+
+from infer.provenance import REPO_ROOT, provenance_line
+
+FIGURES_ENV_VAR = "INFER_FIGURES_DIR"
+
+
+def figures_dir() -> Path:
+    folder = Path(os.environ.get(FIGURES_ENV_VAR, REPO_ROOT / "figures"))
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
+def save_figure(fig: plt.Figure, name: str, meta: dict[str, str]) -> Path:
+    """Stamp `meta` (from infer.provenance.provenance) on `fig` and save it as figures/<name>.png."""
+    fig.text(0.5, 0.005, provenance_line(meta), ha="center", va="bottom", fontsize=6.5, color="0.35", wrap=True)
+    fig.subplots_adjust(bottom=max(fig.subplotpars.bottom, 0.16))
+    path = figures_dir() / f"{name}.png"
+    fig.savefig(path, dpi=120)
+    return path

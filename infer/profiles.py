@@ -1,0 +1,80 @@
+"""Profiles: one notebook, two scales. The hardware picks `cpu` or `gpu`; the environment
+variable INFER_PROFILE overrides the choice (e.g. to try the cpu profile on a GPU box)."""
+
+import os
+from dataclasses import dataclass, replace
+
+import torch
+
+PROFILE_ENV_VAR = "INFER_PROFILE"
+
+
+@dataclass(frozen=True)
+class BenchmarkGrid:
+    """The fixed grid every benchmark of a profile sweeps: exact token counts, never text."""
+
+    input_lens: tuple[int, ...]
+    output_lens: tuple[int, ...]
+    concurrency: tuple[int, ...]
+    num_prompts: int
+
+
+@dataclass(frozen=True)
+class SLO:
+    """Service-level objectives a request must meet to count towards goodput."""
+
+    ttft_ms: float
+    tpot_ms: float
+
+
+@dataclass(frozen=True)
+class Profile:
+    name: str
+    model_name: str  # a key of infer.models.MODEL_SPECS
+    dtype: torch.dtype
+    device: str
+    grid: BenchmarkGrid
+    slo: SLO
+    reason: str = ""  # why this profile was chosen; filled in by pick_profile()
+
+
+PROFILES = {
+    "cpu": Profile(
+        name="cpu",
+        model_name="tiny",
+        dtype=torch.float32,
+        device="cpu",
+        grid=BenchmarkGrid(input_lens=(32, 128, 256), output_lens=(16,), concurrency=(1, 2, 4), num_prompts=8),
+        slo=SLO(ttft_ms=200.0, tpot_ms=50.0),
+    ),
+    "gpu": Profile(
+        name="gpu",
+        model_name="qwen2.5-1.5b",
+        dtype=torch.bfloat16,
+        device="cuda",
+        # The seed's grid: 2048 input / 64 output tokens, concurrency up to 32, 200 prompts.
+        grid=BenchmarkGrid(input_lens=(512, 2048), output_lens=(64,), concurrency=(1, 2, 4, 8, 16, 32), num_prompts=200),
+        slo=SLO(ttft_ms=500.0, tpot_ms=20.0),
+    ),
+}
+
+
+def pick_profile(override: str | None = None) -> Profile:
+    """The profile for this machine: an explicit argument, else $INFER_PROFILE, else the hardware."""
+    requested = override or os.environ.get(PROFILE_ENV_VAR)
+    if requested:
+        if requested not in PROFILES:
+            raise ValueError(
+                f"Unknown profile {requested!r} (from {'the argument' if override else '$' + PROFILE_ENV_VAR}); "
+                f"valid profiles: {', '.join(sorted(PROFILES))}"
+            )
+        if PROFILES[requested].device == "cuda" and not torch.cuda.is_available():
+            raise RuntimeError(f"Profile {requested!r} needs a CUDA GPU, and torch sees none.")
+        return _with_reason(PROFILES[requested], f"requested by {'argument' if override else '$' + PROFILE_ENV_VAR}")
+    if torch.cuda.is_available():
+        return _with_reason(PROFILES["gpu"], f"CUDA device found: {torch.cuda.get_device_name(0)}")
+    return _with_reason(PROFILES["cpu"], "no CUDA device found, so the small CPU model and grid")
+
+
+def _with_reason(profile: Profile, reason: str) -> Profile:
+    return replace(profile, reason=reason)
