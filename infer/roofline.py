@@ -1,0 +1,93 @@
+"""Arithmetic intensity and the roofline: why prefill is compute-bound and decode memory-bound.
+
+A kernel that does F floating-point operations while moving B bytes to and from memory has
+arithmetic intensity I = F / B (FLOP/byte). A device with peak compute P (FLOP/s) and memory
+bandwidth W (byte/s) can reach at most min(P, I * W): the roofline. Below the ridge point
+I = P / W, memory is the bottleneck; above it, compute.
+
+One forward pass over n new tokens multiplies every weight matrix by n vectors: about 2n FLOPs
+per weight, while each weight is read once however large n is. So intensity grows with n.
+Prefill (n = prompt length) sits far right; a decode step (n = 1) sits at about
+1 FLOP/byte in bf16 and is limited by how fast the weights stream from memory."""
+
+from dataclasses import dataclass
+
+import matplotlib.pyplot as plt
+import numpy as np
+import torch
+from transformers import PretrainedConfig
+
+from infer.timing import benchmark
+
+
+def matmul_arithmetic_intensity(m: int, k: int, n: int, bytes_per_element: int) -> float:
+    """FLOP/byte of C[m,n] = A[m,k] @ B[k,n]: 2mkn FLOPs; A and B read once, C written once."""
+    return 2 * m * k * n / (bytes_per_element * (m * k + k * n + m * n))
+
+
+@dataclass(frozen=True)
+class ForwardCost:
+    flops: float
+    bytes: float
+
+    @property
+    def intensity(self) -> float:
+        return self.flops / self.bytes
+
+
+def head_dim(config: PretrainedConfig) -> int:
+    return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+
+
+def linear_parameters(config: PretrainedConfig) -> int:
+    """Weights that multiply every token: attention projections, MLP, and the output head."""
+    hidden, inter, hd = config.hidden_size, config.intermediate_size, head_dim(config)
+    q_and_o = 2 * hidden * config.num_attention_heads * hd
+    k_and_v = 2 * hidden * config.num_key_value_heads * hd
+    mlp = 3 * hidden * inter  # gate, up and down projections (SwiGLU)
+    return config.num_hidden_layers * (q_and_o + k_and_v + mlp) + hidden * config.vocab_size
+
+
+def forward_cost(config: PretrainedConfig, new_tokens: int, context_tokens: int, bytes_per_element: int) -> ForwardCost:
+    """FLOPs and bytes moved by one forward pass (batch 1) over `new_tokens` tokens that attend
+    to `context_tokens` earlier ones held in a KV cache. Activations other than K/V are ignored:
+    they are small next to the weights at these sizes."""
+    hd, layers = head_dim(config), config.num_hidden_layers
+    attended = context_tokens + (new_tokens + 1) / 2  # on average, with the causal mask
+    attention_flops = 4 * layers * config.num_attention_heads * hd * new_tokens * attended  # QK^T and PV
+    flops = 2 * linear_parameters(config) * new_tokens + attention_flops
+    kv_bytes_per_token = 2 * layers * config.num_key_value_heads * hd * bytes_per_element
+    weight_bytes = linear_parameters(config) * bytes_per_element
+    moved = weight_bytes + kv_bytes_per_token * (context_tokens + new_tokens)  # read the cache, write the new K/V
+    return ForwardCost(flops=flops, bytes=moved)
+
+
+def measure_matmul_flops(device: str, dtype: torch.dtype, size: int, repeats: int = 5) -> float:
+    """Achieved FLOP/s of a square matmul: the practical compute roof of this device."""
+    a = torch.randn(size, size, device=device, dtype=dtype)
+    b = torch.randn(size, size, device=device, dtype=dtype)
+    timing = benchmark(lambda: a @ b, device=device, warmup=2, repeats=repeats)
+    return 2 * size**3 / (timing.median_ms / 1e3)
+
+
+def measure_copy_bandwidth(device: str, megabytes: int, repeats: int = 5) -> float:
+    """Achieved bytes/s of a large device-to-device copy (each byte read once and written once)."""
+    source = torch.empty(megabytes * 2**20, dtype=torch.uint8, device=device).random_()
+    target = torch.empty_like(source)
+    timing = benchmark(lambda: target.copy_(source), device=device, warmup=2, repeats=repeats)
+    return 2 * source.numel() / (timing.median_ms / 1e3)
+
+
+def plot_roofline(ax: plt.Axes, peak_flops: float, bandwidth: float, points: dict[str, tuple[float, float]]) -> None:
+    """Draw the roofline min(P, I*W) and place each (intensity, achieved FLOP/s) point on it."""
+    ridge = peak_flops / bandwidth
+    intensities = [i for i, _ in points.values()]
+    x = np.logspace(np.log10(min(intensities + [ridge]) / 4), np.log10(max(intensities + [ridge]) * 4), 200)
+    ax.loglog(x, np.minimum(peak_flops, x * bandwidth), color="black", label="roofline (measured)")
+    ax.axvline(ridge, color="0.6", linestyle=":", label=f"ridge point: {ridge:.1f} FLOP/byte")
+    for label, (intensity, achieved) in points.items():
+        ax.scatter([intensity], [achieved], s=60, zorder=3, label=f"{label}: {intensity:.1f} FLOP/byte")
+    ax.set_xlabel("arithmetic intensity (FLOP/byte)")
+    ax.set_ylabel("achieved FLOP/s")
+    ax.legend(fontsize=8)
+    ax.grid(True, which="both", alpha=0.3)
