@@ -20,8 +20,8 @@ def figures_dir() -> Path:
 
 def save_figure(fig: plt.Figure, name: str, meta: dict[str, str]) -> Path:
     """Stamp `meta` (from infer.provenance.provenance) on `fig` and save it as figures/<name>.png."""
-    fig.text(0.5, 0.005, provenance_line(meta), ha="center", va="bottom", fontsize=6.5, color="0.35", wrap=True)
-    fig.subplots_adjust(bottom=max(fig.subplotpars.bottom, 0.16))
+    fig.tight_layout(rect=(0, 0.08, 1, 1))  # leave a strip at the bottom for the stamp
+    fig.text(0.5, 0.01, provenance_line(meta), ha="center", va="bottom", fontsize=6.5, color="0.35", wrap=True)
     path = figures_dir() / f"{name}.png"
     fig.savefig(path, dpi=120)
     return path
