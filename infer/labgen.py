@@ -18,6 +18,7 @@ import ast
 import copy
 import sys
 from pathlib import Path
+from typing import Callable
 
 import nbformat
 
@@ -32,6 +33,12 @@ class SolutionMarkupError(ValueError):
 
 def stub_source(source: str, where: str = "cell") -> str:
     """The cell source with every solution block replaced by its stub."""
+    return replace_solution_blocks(source, _stub, where)
+
+
+def replace_solution_blocks(source: str, replacement: Callable[[list[str], str], list[str]], where: str = "cell") -> str:
+    """The cell source with each solution block (markers included) replaced by
+    `replacement(block_lines, indent)`, where `indent` is the BEGIN marker's indentation."""
     lines, out, block, indent = source.split("\n"), [], None, ""
     for number, line in enumerate(lines, 1):
         stripped = line.strip()
@@ -42,7 +49,7 @@ def stub_source(source: str, where: str = "cell") -> str:
         elif stripped == END:
             if block is None:
                 raise SolutionMarkupError(f"{where}, line {number}: {END} without {BEGIN}")
-            out.extend(_stub(block, indent))
+            out.extend(replacement(block, indent))
             block = None
         elif block is not None:
             block.append(line)

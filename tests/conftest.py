@@ -1,8 +1,11 @@
 import os
+import tempfile
 
 # Tests never touch the network: models fall back to random weights at once.
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ.setdefault("INFER_PROFILE", "cpu")
+# Notebooks run by the tests save their figures here, not over the committed ones in figures/.
+os.environ["INFER_FIGURES_DIR"] = tempfile.mkdtemp(prefix="infer-test-figures-")
 
 import pytest  # noqa: E402
 

@@ -1,0 +1,44 @@
+# Two commands set up everything on a fresh machine: `make site` and `make test` (see README.md).
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+INSTALLED := $(VENV)/.installed
+BUILD := _build
+# Without an NVIDIA GPU, install the CPU build of torch first: the project's own requirement
+# (torch>=2.4) is then already met, and pip does not fetch a multi-GB CUDA build.
+CPU_TORCH := torch==2.13.0
+
+.PHONY: site notebooks labs lab test clean
+
+$(INSTALLED): pyproject.toml
+	test -d $(VENV) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	command -v nvidia-smi >/dev/null || $(PY) -m pip install --quiet $(CPU_TORCH)
+	$(PY) -m pip install --quiet -e ".[test,site]"
+	touch $@
+
+# Execute lectures and solutions on this machine's profile into $(BUILD)/notebooks (the
+# committed notebooks stay as they are), then build the HTML site from those copies.
+site: $(INSTALLED)
+	rm -rf $(BUILD)/notebooks
+	INFER_FIGURES_DIR=$(BUILD)/figures $(PY) -m infer.notebooks run --out $(BUILD)/notebooks weeks/*.ipynb solutions/*.ipynb
+	mkdir -p $(BUILD)/notebooks/labs && cp labs/*.ipynb $(BUILD)/notebooks/labs/
+	$(PY) site/build.py --notebooks $(BUILD)/notebooks --out $(BUILD)/html
+
+# For authors: re-execute the committed notebooks in place, then regenerate the labs.
+notebooks: $(INSTALLED)
+	$(PY) -m infer.notebooks run weeks/*.ipynb solutions/*.ipynb
+	$(PY) -m infer.labgen
+
+labs: $(INSTALLED)
+	$(PY) -m infer.labgen
+
+lab: $(INSTALLED)
+	$(PY) -m pip install --quiet -e ".[lab]"
+	$(VENV)/bin/jupyter lab
+
+test: $(INSTALLED)
+	$(PY) -m pytest -n 2 --dist loadfile
+
+clean:
+	rm -rf $(BUILD)

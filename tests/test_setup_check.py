@@ -1,0 +1,24 @@
+import torch
+
+from infer.setup_check import hardware, optional_parts, smoke_test
+
+
+def test_optional_parts_cover_every_gpu_only_piece():
+    parts = {part.name: part for part in optional_parts()}
+    assert set(parts) == {"CUDA", "vLLM", "flash-attn", "Triton"}
+    assert parts["CUDA"].available == torch.cuda.is_available()
+    for part in parts.values():
+        assert part.line.count("\n") == 0 and part.consequence, f"{part.name}: one line that says what it means"
+        if not torch.cuda.is_available():
+            assert not part.available, f"{part.name} cannot be available without CUDA"
+
+
+def test_hardware_reports_cores_and_cuda():
+    facts = hardware()
+    assert int(facts["cpu cores"]) >= 1
+    assert ("cuda" in facts) != torch.cuda.is_available()
+
+
+def test_smoke_test_passes_on_a_working_install():
+    verdict = smoke_test()
+    assert verdict.ok, verdict.line

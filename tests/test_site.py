@@ -1,0 +1,146 @@
+"""The static site: it builds with -W from a few notebooks, its home page links them, and it
+loads nothing from the internet (MathJax, require.js and the widget renderer ship with it).
+
+The notebooks are the repository's own where they exist; the others are small stand-ins
+written here, one of them executed so that it carries real math, a PNG and ipywidgets state.
+Needs npm the first time (to fill _build/site_vendor); later builds reuse that cache."""
+
+import html.parser
+import importlib.util
+import shutil
+import sys
+from pathlib import Path
+
+import nbformat
+import pytest
+from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook, new_output
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+# A small set: week 00's lecture and week 01's lecture, lab and solution.
+NOTEBOOKS = ("weeks/00_setup.ipynb", "weeks/01_prefill_decode.ipynb",
+             "labs/01_prefill_decode.ipynb", "solutions/01_prefill_decode.ipynb")
+
+
+def load_build_module():
+    spec = importlib.util.spec_from_file_location("site_build", REPO_ROOT / "site" / "build.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+PYTHON_METADATA = {  # myst-nb picks the code lexer from it
+    "kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"},
+    "language_info": {"name": "python"},
+}
+
+
+def stand_in_lecture() -> nbformat.NotebookNode:
+    """Math in markdown, a matplotlib PNG and a slider: executed, with the widget state."""
+    from nbclient import NotebookClient
+
+    notebook = new_notebook(metadata=PYTHON_METADATA, cells=[
+        new_markdown_cell("# Stand-in lecture\n\nInline math $a^2 + b^2$ and display math\n\n"
+                          "$$\\frac{1}{2} \\sum_{i=1}^{n} x_i$$"),
+        new_code_cell("import matplotlib\nmatplotlib.use('agg')\nimport matplotlib.pyplot as plt\n"
+                      "%matplotlib inline\nplt.plot([1, 2, 3], [1, 4, 9]); plt.show()"),
+        new_code_cell("import ipywidgets\nipywidgets.IntSlider(value=7, max=10, description='tokens')"),
+    ])
+    NotebookClient(notebook, timeout=120, kernel_name="python3",
+                   store_widget_state=True).execute()
+    return notebook
+
+
+def stand_in(title: str) -> nbformat.NotebookNode:
+    cell = new_code_cell("print('hello')", execution_count=1,
+                         outputs=[new_output("stream", name="stdout", text="hello\n")])
+    return new_notebook(metadata=PYTHON_METADATA,
+                        cells=[new_markdown_cell(f"# {title}\n\nA stand-in notebook."), cell])
+
+
+def write_stand_in(name: str, target: Path) -> None:
+    target.parent.mkdir(parents=True, exist_ok=True)
+    lecture = name == "weeks/01_prefill_decode.ipynb"
+    nbformat.write(stand_in_lecture() if lecture else stand_in(name), target)
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory):
+    notebooks = tmp_path_factory.mktemp("notebooks")
+    for name in NOTEBOOKS:
+        if (REPO_ROOT / name).exists():
+            (notebooks / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(REPO_ROOT / name, notebooks / name)
+        else:
+            write_stand_in(name, notebooks / name)
+    out = tmp_path_factory.mktemp("site") / "html"
+    try:
+        return load_build_module().build_site(notebooks, out)
+    except SystemExit as failure:  # npm missing, a Sphinx warning, a remote asset: say which
+        message = str(failure)
+    pytest.fail(message, pytrace=False)
+
+
+class LinkCollector(html.parser.HTMLParser):
+    def __init__(self):
+        super().__init__()
+        self.links, self.in_table = [], False
+
+    def handle_starttag(self, tag, attrs):
+        if tag == "table":
+            self.in_table = True
+        if tag == "a" and self.in_table:
+            self.links.append(dict(attrs)["href"])
+
+    def handle_endtag(self, tag):
+        if tag == "table":
+            self.in_table = False
+
+
+def test_home_page_links_every_existing_notebook(site):
+    from infer.syllabus import WEEKS
+
+    page = site.read_text(encoding="utf-8")
+    for week in WEEKS:
+        assert week.title in page, f"week {week.number} missing from the syllabus table"
+    collector = LinkCollector()
+    collector.feed(page)
+    expected = {name.replace(".ipynb", ".html") for name in NOTEBOOKS}
+    assert set(collector.links) == expected
+    for link in collector.links:
+        assert (site.parent / link).is_file(), f"broken link {link}"
+    assert "coming" in page  # weeks without notebooks are listed as plain text
+
+
+def test_no_page_loads_remote_assets(site):
+    assert load_build_module().remote_assets(site.parent) == []
+
+
+def test_remote_asset_check_can_fail(tmp_path):
+    (tmp_path / "page.html").write_text(
+        '<link rel="stylesheet" href="https://cdn.example.org/a.css">'
+        '<script src="//cdn.example.org/b.js"></script><script src="_static/c.js"></script>')
+    assert load_build_module().remote_assets(tmp_path) == [
+        (Path("page.html"), "https://cdn.example.org/a.css"),
+        (Path("page.html"), "//cdn.example.org/b.js"),
+    ]
+
+
+def test_offline_libraries_are_shipped_and_used(site):
+    vendor = site.parent / "_static" / "offline"
+    for path in ("mathjax/tex-mml-chtml.js", "mathjax/output/chtml/fonts/woff-v2",
+                 "require.js", "html-manager/embed-amd.js"):
+        assert (vendor / path).exists(), f"{path} missing from the site"
+    for page in site.parent.rglob("*.html"):
+        text = page.read_text(encoding="utf-8")
+        if 'class="math' in text:
+            assert "_static/offline/mathjax/tex-mml-chtml.js" in text, f"{page}: no local MathJax"
+        if "application/vnd.jupyter.widget-state+json" in text:
+            for script in ("_static/offline/require.js",
+                           "_static/offline/html-manager/embed-amd.js"):
+                assert script in text, f"{page}: widgets without {script}"
+
+
+if __name__ == "__main__":  # python tests/test_site.py DIR: the stand-ins, for a look in a browser
+    for name in NOTEBOOKS:
+        write_stand_in(name, Path(sys.argv[1]) / name)
