@@ -42,9 +42,10 @@ def stand_in_lecture() -> nbformat.NotebookNode:
     notebook = new_notebook(metadata=PYTHON_METADATA, cells=[
         new_markdown_cell("# Stand-in lecture\n\nInline math $a^2 + b^2$ and display math\n\n"
                           "$$\\frac{1}{2} \\sum_{i=1}^{n} x_i$$"),
-        new_code_cell("import matplotlib\nmatplotlib.use('agg')\nimport matplotlib.pyplot as plt\n"
-                      "%matplotlib inline\nplt.plot([1, 2, 3], [1, 4, 9]); plt.show()"),
-        new_code_cell("import ipywidgets\nipywidgets.IntSlider(value=7, max=10, description='tokens')"),
+        new_code_cell("import matplotlib.pyplot as plt\n%matplotlib inline\n"
+                      "plt.plot([1, 2, 3], [1, 4, 9]); plt.show()"),
+        new_code_cell("import ipywidgets\n"
+                      "ipywidgets.IntSlider(value=7, max=10, description='tokens')"),
     ])
     NotebookClient(notebook, timeout=120, kernel_name="python3",
                    store_widget_state=True).execute()

@@ -1,0 +1,199 @@
+"""Build the course's static HTML site from notebooks that already carry their outputs.
+
+    python site/build.py --notebooks DIR --out DIR
+
+--notebooks holds weeks/, labs/ and solutions/ (the repository root, or an executed copy such
+as _build/notebooks). The script
+  1. assembles a Sphinx source tree next to --out: the notebooks named in the syllabus and a
+     home page whose table is generated from infer.syllabus.WEEKS;
+  2. runs sphinx-build -W (any warning fails the build), with site/ as configuration folder;
+  3. copies MathJax, require.js and the ipywidgets renderer into the site: by default the
+     pages load them from CDNs, and offline the math stays raw and the widgets blank. They
+     come from their npm packages, fetched once with `npm pack` into a cache under _build/;
+  4. fails if any page still loads a script or stylesheet from http(s)://.
+"""
+
+import argparse
+import html.parser
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+from pathlib import Path
+
+SITE_DIR = Path(__file__).resolve().parent
+REPO_ROOT = SITE_DIR.parent
+sys.path.insert(0, str(REPO_ROOT))  # so that `infer` imports without an installed package
+
+from infer.syllabus import WEEKS  # noqa: E402
+
+DEFAULT_VENDOR_CACHE = REPO_ROOT / "_build" / "site_vendor"
+
+# npm package -> (pinned version, {path in the package: path under _static/offline/}).
+# MathJax 3, not 4: see conf.py. html-manager 1.0.x renders ipywidgets 8 state; its embed-amd
+# bundle needs require.js. The font files are Font Awesome, for widget icons.
+VENDORED = {
+    "mathjax": ("3.2.2", {"es5": "mathjax"}),
+    "requirejs": ("2.3.7", {"require.js": "require.js"}),
+    "@jupyter-widgets/html-manager": ("1.0.15", {"dist": "html-manager"}),
+}
+NOT_NEEDED = ("*.map", "embed.js*", "libembed-amd.js",  # html-manager: pages load embed-amd.js
+              "tex-svg*.js", "tex-chtml*.js", "mml-*.js", "node-main.js")  # MathJax's other bundles
+SECTIONS = (("weeks", "Lectures"), ("labs", "Labs"), ("solutions", "Solutions"))
+
+
+def fetch_vendor_packages(cache: Path) -> dict[str, Path]:
+    """Unpack each pinned npm package into cache/<name>-<version>/ unless it is already there."""
+    unpacked = {}
+    for name, (version, _) in VENDORED.items():
+        target = cache / f"{name.replace('/', '__')}-{version}"
+        if not (target / "package.json").exists():
+            if shutil.which("npm") is None:
+                sys.exit("site build: npm is needed once to fetch MathJax, require.js and the "
+                         f"ipywidgets renderer into {cache} (install Node.js, or copy that cache)")
+            with tempfile.TemporaryDirectory() as tmp:
+                print(f"fetching {name}@{version} with npm", flush=True)
+                npm = subprocess.run(["npm", "pack", "--silent", "--pack-destination", tmp,
+                                      f"{name}@{version}"], stdout=subprocess.DEVNULL)
+                if npm.returncode != 0:
+                    sys.exit(f"site build: npm could not fetch {name}@{version} "
+                             "(is the npm registry reachable?)")
+                (tarball,) = Path(tmp).glob("*.tgz")
+                with tarfile.open(tarball) as tar:
+                    # the "data" filter (no links out, no odd files) exists from Python 3.11.4
+                    safe = {"filter": "data"} if hasattr(tarfile, "data_filter") else {}
+                    tar.extractall(tmp, **safe)
+                shutil.rmtree(target, ignore_errors=True)
+                shutil.copytree(Path(tmp) / "package", target)  # npm tarballs hold package/
+        unpacked[name] = target
+    return unpacked
+
+
+def copy_vendor_files(unpacked: dict[str, Path], static_dir: Path) -> None:
+    for name, (_, files) in VENDORED.items():
+        for source, destination in files.items():
+            source, destination = unpacked[name] / source, static_dir / "offline" / destination
+            destination.parent.mkdir(parents=True, exist_ok=True)
+            if source.is_dir():
+                shutil.copytree(source, destination, dirs_exist_ok=True,
+                                ignore=shutil.ignore_patterns(*NOT_NEEDED))
+            else:
+                shutil.copy2(source, destination)
+
+
+def home_page(available: set[str]) -> str:
+    """The syllabus table and the sidebar's three sections, as MyST markdown."""
+    def link(section: str, week, text: str) -> str:
+        path = f"{section}/{week.notebook_name}"
+        return f"[{text}]({path})" if path in available else f"{text} (coming)"
+
+    def cell(text: str) -> str:
+        return text.replace("|", "\\|")
+
+    lines = [
+        "# LLM inference, from a naive generate() loop to chunked prefill",
+        "",
+        "One notebook per week: a lecture, then a lab to complete and its solution.",
+        "",
+        "| Week | Title | Lecture | Lab |",
+        "|------|-------|---------|-----|",
+    ]
+    for week in WEEKS:
+        lecture = f"{cell(week.lecture)} → {link('weeks', week, 'lecture')}"
+        lab = "-"
+        if week.lab:
+            lab = (f"{cell(week.lab)} → {link('labs', week, 'lab')}, "
+                   f"{link('solutions', week, 'solution')}")
+        lines.append(f"| {week.number} | {cell(week.title)} | {lecture} | {lab} |")
+    for section, caption in SECTIONS:
+        entries = [p for week in WEEKS if (p := f"{section}/{week.notebook_name}") in available]
+        if entries:
+            lines += ["", "```{toctree}", ":hidden:", f":caption: {caption}", "", *entries, "```"]
+    return "\n".join(lines) + "\n"
+
+
+def assemble_source(notebooks: Path, source: Path) -> None:
+    """Copy the syllabus's notebooks that exist, and the figures; write the home page."""
+    available = set()
+    for section, _ in SECTIONS:
+        for week in WEEKS:
+            notebook = notebooks / section / week.notebook_name
+            if notebook.exists():
+                (source / section).mkdir(parents=True, exist_ok=True)
+                shutil.copy2(notebook, source / section / notebook.name)
+                available.add(f"{section}/{week.notebook_name}")
+    if not available:
+        sys.exit(f"site build: no syllabus notebook found under {notebooks}/(weeks|labs|solutions)")
+    # Markdown cells may show committed figures, ![...](../figures/x.png): keep that path valid.
+    if (REPO_ROOT / "figures").is_dir():
+        shutil.copytree(REPO_ROOT / "figures", source / "figures")
+    (source / "index.md").write_text(home_page(available), encoding="utf-8")
+
+
+class RemoteAssetFinder(html.parser.HTMLParser):
+    """Collects the http(s) URLs of <script src> and <link rel=stylesheet|preload> tags."""
+
+    def __init__(self):
+        super().__init__()
+        self.remote = []
+
+    def handle_starttag(self, tag, attrs):
+        attrs = dict(attrs)
+        url = None
+        if tag == "script":
+            url = attrs.get("src")
+        elif tag == "link" and {"stylesheet", "preload", "modulepreload"} & set(
+                (attrs.get("rel") or "").split()):
+            url = attrs.get("href")
+        if url and url.strip().lower().startswith(("http://", "https://", "//")):
+            self.remote.append(url)
+
+
+def remote_assets(html_dir: Path) -> list[tuple[Path, str]]:
+    found = []
+    for page in sorted(html_dir.rglob("*.html")):
+        finder = RemoteAssetFinder()
+        finder.feed(page.read_text(encoding="utf-8"))
+        found += [(page.relative_to(html_dir), url) for url in finder.remote]
+    return found
+
+
+def build_site(notebooks: Path, out: Path, vendor_cache: Path = DEFAULT_VENDOR_CACHE) -> Path:
+    notebooks, out = notebooks.resolve(), out.resolve()
+    work = out.parent / f"{out.name}_sphinx"  # assembled source tree and Sphinx's doctrees
+    unpacked = fetch_vendor_packages(vendor_cache)
+    # Start afresh: Sphinx would keep the pages of removed notebooks, and trust its doctrees
+    # for notebooks copied with their old modification times.
+    shutil.rmtree(work, ignore_errors=True)
+    if (out / ".buildinfo").exists():  # only ever delete a folder that Sphinx made
+        shutil.rmtree(out)
+    assemble_source(notebooks, work / "source")
+    sphinx = subprocess.run([sys.executable, "-m", "sphinx", "-W", "--keep-going", "-q",
+                             "-b", "html", "-c", str(SITE_DIR), "-d", str(work / "doctrees"),
+                             str(work / "source"), str(out)])
+    if sphinx.returncode != 0:
+        sys.exit(f"site build: sphinx-build failed; each warning above counts as an error (-W). "
+                 f"The notebooks under {work / 'source'} are copies of those in {notebooks}.")
+    copy_vendor_files(unpacked, out / "_static")
+    remote = remote_assets(out)
+    if remote:
+        sys.exit("site build: pages load remote scripts or stylesheets (they break offline):\n"
+                 + "\n".join(f"  {page}: {url}" for page, url in remote))
+    return out / "index.html"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--notebooks", type=Path, default=REPO_ROOT,
+                        help="folder with weeks/, labs/, solutions/ (default: the repository)")
+    parser.add_argument("--out", type=Path, default=REPO_ROOT / "_build" / "html")
+    parser.add_argument("--vendor-cache", type=Path, default=DEFAULT_VENDOR_CACHE,
+                        help="where the npm packages are unpacked once and reused")
+    args = parser.parse_args()
+    index = build_site(args.notebooks, args.out, args.vendor_cache)
+    print(f"Site built: {index}")
+
+
+if __name__ == "__main__":
+    main()
