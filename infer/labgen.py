@@ -4,7 +4,7 @@ In a solution notebook, exercise code sits between `# BEGIN SOLUTION` and `# END
 The lab replaces each block with a stub at the same indentation:
 - a block of plain assignments (`answer_q1 = 3.1`) becomes the same names set to None;
 - any other block becomes `raise NotImplementedError("<hint>")`, the hint taken from the
-  block's `# HINT:` comment lines, which stay visible in the lab.
+  block's `# HINT:` comment lines (in an assignment block they stay as comments).
 Cell ids are kept. Check cells (`# NBVAL_CHECK_OUTPUT`) keep the solution's outputs and
 execution counts: they are what nbval compares the student's run with. Every other output is
 cleared, so the lab opens clean.
@@ -66,7 +66,7 @@ def _stub(block: list[str], indent: str) -> list[str]:
     if names is not None:
         return [f"{indent}{h}" for h in hints] + [f"{indent}{name} = None  # your answer" for name in names]
     message = " ".join(h.removeprefix(HINT).strip() for h in hints) or "your code here"
-    return [f"{indent}{h}" for h in hints] + [f"{indent}raise NotImplementedError({message!r})"]
+    return [f"{indent}raise NotImplementedError({message!r})"]
 
 
 def _assigned_names(block: list[str]) -> list[str] | None:

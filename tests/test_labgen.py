@@ -21,7 +21,6 @@ check(answer_q1)'''
 
 def test_function_body_becomes_a_stub_with_its_hint():
     assert stub_source(FUNCTION_SOLUTION) == '''def add_one(x):
-    # HINT: return x plus one
     raise NotImplementedError('return x plus one')
 '''
 
