@@ -1,0 +1,229 @@
+"""The week 03 benchmark harness, and the baseline every later week has to beat: `transformers`'
+`generate()` serving requests one at a time.
+
+How concurrency is modelled, honestly. A client keeps `concurrency` requests in flight: it sends
+that many at once, and sends the next one the moment one finishes (vLLM's --max-concurrency with
+an infinite request rate). The server is `generate()`, which can only serve one request at a time,
+so the others wait in a first-come-first-served queue and their TTFT includes that wait. Client
+and server run in one Python thread here: a request is "sent" (its send time taken) when the
+request that freed its slot finishes, and the server then takes the oldest waiting request. For a
+sequential server this gives the very timeline a separate client process would see, minus the
+network; every time in a record is a real clock reading, nothing is simulated.
+
+Per-token timestamps come from a `transformers` streamer: `generate()` calls `put()` once with the
+prompt, then once per new token with that token already copied to the host. The copy waits for the
+device, so each timestamp is taken after the token really exists (the device is synchronized).
+"""
+
+import time
+from collections import deque
+from dataclasses import asdict, dataclass
+
+import torch
+from transformers import GenerationConfig
+from transformers.generation.streamers import BaseStreamer
+
+from infer.metrics import calculate_metrics, slo_from_profile
+from infer.profiles import BenchmarkGrid
+from infer.prompts import random_prompt_ids
+from infer.records import RequestRecord
+from infer.timing import synchronize
+
+BASELINE_BACKEND = "transformers-generate-sequential"
+
+
+class TokenTimestamps(BaseStreamer):
+    """A streamer that notes when each new token reaches the host (time.perf_counter, seconds)."""
+
+    def __init__(self):
+        self.prompt_seen = False
+        self.times: list[float] = []
+        self.tokens: list[int] = []  # tokens per put() call: 1 for a batch of one
+        self.ended = False
+
+    def put(self, value: torch.Tensor) -> None:
+        now = time.perf_counter()
+        if not self.prompt_seen:  # the first call hands over the prompt, not a new token
+            self.prompt_seen = True
+            return
+        self.times.append(now)
+        self.tokens.append(int(value.shape[-1]) if value.dim() > 1 else 1)
+
+    def end(self) -> None:
+        self.ended = True
+
+
+@torch.no_grad()
+def generate_with_timestamps(model, prompt_ids: torch.Tensor, output_len: int) -> tuple[torch.Tensor, TokenTimestamps]:
+    """Greedy `generate()` of exactly `output_len` tokens (EOS disabled), with per-token timestamps."""
+    if prompt_ids.shape[0] != 1:
+        raise ValueError(f"one request at a time: expected prompt_ids of shape [1, n], got {tuple(prompt_ids.shape)}")
+    streamer = TokenTimestamps()
+    config = GenerationConfig(do_sample=False, max_new_tokens=output_len, min_new_tokens=output_len,
+                              eos_token_id=None, pad_token_id=0)
+    out = model.generate(prompt_ids, attention_mask=torch.ones_like(prompt_ids), generation_config=config,
+                         streamer=streamer)
+    return out[:, prompt_ids.shape[1]:], streamer
+
+
+def serve_one(model, prompt_ids: torch.Tensor, output_len: int, send_time: float) -> RequestRecord:
+    """Serve one request with `generate()`; a request that raises becomes a failed record, not a crash."""
+    prompt_len = int(prompt_ids.shape[-1])
+    try:
+        _, stamps = generate_with_timestamps(model, prompt_ids, output_len)
+    except Exception as exc:  # noqa: BLE001 - a benchmark counts failures instead of stopping
+        synchronize(prompt_ids.device)
+        return RequestRecord(prompt_len, send_time, error=f"{type(exc).__name__}: {exc}", end_time=time.perf_counter())
+    return RequestRecord(prompt_len, send_time, chunk_times=stamps.times, chunk_tokens=stamps.tokens)
+
+
+def run_sequential_server(model, prompts: torch.Tensor, output_len: int, concurrency: int,
+                          progress=None) -> list[RequestRecord]:
+    """Serve each row of `prompts` [n, len] one at a time, with `concurrency` requests in flight.
+
+    The client sends `concurrency` requests at once and a new one whenever one finishes; the
+    server takes the oldest waiting request (FIFO). Returns the records in the order served."""
+    if concurrency < 1:
+        raise ValueError(f"concurrency must be >= 1, got {concurrency}")
+    device = prompts.device
+    waiting_to_send = deque(range(prompts.shape[0]))
+    in_flight = deque()  # (prompt index, send time), oldest first
+    synchronize(device)
+    start = time.perf_counter()  # the first `concurrency` requests leave together
+    while waiting_to_send and len(in_flight) < concurrency:
+        in_flight.append((waiting_to_send.popleft(), start))
+    records = []
+    while in_flight:
+        index, send_time = in_flight.popleft()
+        records.append(serve_one(model, prompts[index:index + 1], output_len, send_time))
+        if progress is not None:
+            progress.update(1)
+        if waiting_to_send:  # the finished request freed a slot: the client sends the next at once
+            in_flight.append((waiting_to_send.popleft(), time.perf_counter()))
+    return records
+
+
+# ---------------------------------------------------------------- the grid
+
+
+@dataclass(frozen=True)
+class BaselineSizes:
+    """How many requests the sequential baseline sends per grid cell, and how many warm-ups.
+
+    A one-at-a-time server's throughput does not depend on how many requests wait, so the
+    baseline needs only a few rounds per concurrency level, not the grid's full prompt count
+    (200 sequential requests per cell would take an hour on the gpu profile)."""
+
+    min_prompts: int  # at least this many requests per cell
+    rounds: int  # and at least `rounds` x concurrency, so every slot is refilled
+    warmup: int  # untimed requests of the cell's shape before it
+
+
+BASELINE_SIZES = {
+    "cpu": BaselineSizes(min_prompts=8, rounds=2, warmup=1),
+    "gpu": BaselineSizes(min_prompts=8, rounds=2, warmup=2),
+}
+
+
+def prompts_per_cell(grid: BenchmarkGrid, sizes: BaselineSizes, concurrency: int) -> int:
+    return min(grid.num_prompts, max(sizes.min_prompts, sizes.rounds * concurrency))
+
+
+def grid_cells(grid: BenchmarkGrid) -> list[tuple[int, int, int]]:
+    """Every (input_len, output_len, concurrency) of the grid, in the order they run."""
+    return [(i, o, c) for i in grid.input_lens for o in grid.output_lens for c in grid.concurrency]
+
+
+def run_baseline_grid(lm, grid: BenchmarkGrid | None = None, *, sizes: BaselineSizes | None = None,
+                      slo_ms: dict | None = None, progress: bool = True, seed: int = 0) -> tuple[list[dict], dict]:
+    """Run the sequential `generate()` baseline over every cell of the grid.
+
+    Returns (runs, records): one vLLM-keyed result per cell (plus the cell's settings), and the raw
+    records of each cell keyed by (input_len, output_len, concurrency). Every cell of one input length
+    serves the same prompts (exact-length token ids, seeded), after `sizes.warmup` untimed requests."""
+    from tqdm.auto import tqdm
+
+    profile = lm.profile
+    grid = grid or profile.grid
+    sizes = sizes or BASELINE_SIZES[profile.name]
+    slo_ms = slo_from_profile(profile) if slo_ms is None else slo_ms
+    device = next(lm.model.parameters()).device
+    cells = grid_cells(grid)
+    total = sum(prompts_per_cell(grid, sizes, c) for _, _, c in cells)
+    bar = tqdm(total=total, desc="baseline requests", disable=not progress)
+    runs, records = [], {}
+    for input_len, output_len, concurrency in cells:
+        n = prompts_per_cell(grid, sizes, concurrency)
+        prompts = random_prompt_ids(lm.config, input_len, batch=n, seed=seed + input_len).to(device)
+        for _ in range(sizes.warmup):  # first calls pay for allocations, caches, kernel selection
+            generate_with_timestamps(lm.model, prompts[:1], output_len)
+        bar.set_postfix(input=input_len, output=output_len, concurrency=concurrency)
+        cell_records = run_sequential_server(lm.model, prompts, output_len, concurrency, progress=bar)
+        records[(input_len, output_len, concurrency)] = cell_records
+        runs.append({"backend": BASELINE_BACKEND, "input_len": input_len, "output_len": output_len,
+                     "max_concurrency": concurrency, "request_rate": "inf", "num_prompts": n,
+                     "num_warmups": sizes.warmup, **calculate_metrics(cell_records, slo_ms=slo_ms)})
+    bar.close()
+    return runs, records
+
+
+def baseline_settings(grid: BenchmarkGrid, sizes: BaselineSizes, slo_ms: dict) -> dict:
+    """The settings a results file records next to its runs."""
+    return {"grid": asdict(grid), "baseline_sizes": asdict(sizes), "goodput_slo_ms": dict(slo_ms),
+            "concurrency_model": "client keeps max_concurrency requests in flight; the server serves them "
+                                 "one at a time, first come first served; TTFT includes the queueing"}
+
+
+# ---------------------------------------------------------------- tables and figures
+
+
+def format_runs_table(runs: list[dict]) -> str:
+    """One line per run: throughput, goodput and TTFT/TPOT p50/p95 (ms)."""
+    lines = [f"{'in':>5} {'out':>4} {'conc':>4} {'n':>3} | {'req/s':>6} {'good/s':>6} {'out tok/s':>9} | "
+             f"{'TTFT p50':>9} {'p95':>9} | {'TPOT p50':>8} {'p95':>7}"]
+    for r in runs:
+        goodput = "-" if r.get("request_goodput") is None else f"{r['request_goodput']:.2f}"
+        lines.append(f"{r['input_len']:>5} {r['output_len']:>4} {r['max_concurrency']:>4} {r['num_prompts']:>3} | "
+                     f"{r['request_throughput']:>6.2f} {goodput:>6} {r['output_throughput']:>9.1f} | "
+                     f"{r['p50_ttft_ms']:>9.1f} {r['p95_ttft_ms']:>9.1f} | {r['p50_tpot_ms']:>8.2f} {r['p95_tpot_ms']:>7.2f}")
+    return "\n".join(lines)
+
+
+def _series(runs: list[dict]):
+    """Runs grouped by (input_len, output_len), each sorted by concurrency."""
+    groups: dict[tuple[int, int], list[dict]] = {}
+    for r in runs:
+        groups.setdefault((r["input_len"], r["output_len"]), []).append(r)
+    return {key: sorted(rs, key=lambda r: r["max_concurrency"]) for key, rs in sorted(groups.items())}
+
+
+def plot_throughput(ax, runs: list[dict]) -> None:
+    """Output tokens/s against concurrency, one line per (input, output) length."""
+    for (input_len, output_len), rs in _series(runs).items():
+        ax.plot([r["max_concurrency"] for r in rs], [r["output_throughput"] for r in rs], marker="o",
+                label=f"{input_len} in / {output_len} out")
+    concurrencies = sorted({r["max_concurrency"] for r in runs})
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(concurrencies, [str(c) for c in concurrencies])
+    ax.set_ylim(bottom=0)
+    ax.set_xlabel("concurrency (requests in flight)")
+    ax.set_ylabel("output throughput (tokens/s)")
+    ax.legend(fontsize=8)
+    ax.grid(True, alpha=0.3)
+
+
+def plot_latency(ax, runs: list[dict], metric: str) -> None:
+    """p50 (solid) and p95 (dashed) of `metric` ("ttft" or "tpot") against concurrency."""
+    for index, ((input_len, output_len), rs) in enumerate(_series(runs).items()):
+        x = [r["max_concurrency"] for r in rs]
+        color = f"C{index}"
+        ax.plot(x, [r[f"p50_{metric}_ms"] for r in rs], marker="o", color=color, label=f"{input_len} in: p50")
+        ax.plot(x, [r[f"p95_{metric}_ms"] for r in rs], marker="^", color=color, linestyle="--", label=f"{input_len} in: p95")
+    concurrencies = sorted({r["max_concurrency"] for r in runs})
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(concurrencies, [str(c) for c in concurrencies])
+    ax.set_ylim(bottom=0)
+    ax.set_xlabel("concurrency (requests in flight)")
+    ax.set_ylabel(f"{metric.upper()} (ms)")
+    ax.legend(fontsize=7)
+    ax.grid(True, alpha=0.3)

@@ -1,0 +1,128 @@
+"""infer.benchmark: the streamer's timestamps, the one-at-a-time server's queue, the grid runner."""
+
+import time
+
+import pytest
+import torch
+
+from infer import hf
+from infer.benchmark import (
+    TokenTimestamps,
+    generate_with_timestamps,
+    grid_cells,
+    prompts_per_cell,
+    run_baseline_grid,
+    run_sequential_server,
+    BaselineSizes,
+)
+from infer.metrics import calculate_metrics, request_latencies_ms
+from infer.profiles import BenchmarkGrid
+from infer.prompts import random_prompt_ids
+
+
+class FakeModel:
+    """Streams `output_len` tokens through generate()'s streamer protocol, `step_s` apart; raises on prompt `fail_on`."""
+
+    def __init__(self, step_s=0.002, fail_on=None):
+        self.step_s, self.fail_on, self.served = step_s, fail_on, []
+
+    def parameters(self):
+        return iter([torch.zeros(1)])
+
+    def generate(self, prompt_ids, attention_mask, generation_config, streamer):
+        self.served.append(int(prompt_ids[0, 0]))
+        if self.fail_on is not None and int(prompt_ids[0, 0]) == self.fail_on:
+            raise RuntimeError("out of memory (pretend)")
+        streamer.put(prompt_ids.cpu())  # transformers hands over the prompt first
+        new = []
+        for k in range(generation_config.max_new_tokens):
+            time.sleep(self.step_s)
+            token = torch.tensor([k])
+            streamer.put(token)
+            new.append(token)
+        streamer.end()
+        return torch.cat([prompt_ids, torch.stack(new, dim=1)], dim=1)
+
+
+def test_streamer_skips_the_prompt_and_times_each_token(tiny):
+    prompt = random_prompt_ids(tiny.config, 12, seed=1)
+    tokens, stamps = generate_with_timestamps(tiny.model, prompt, 6)
+    assert stamps.prompt_seen and stamps.ended
+    assert len(stamps.times) == 6, (
+        "transformers' generate() calls put() once with the prompt, then once per new token: expected 6 "
+        f"timestamps for 6 new tokens, got {len(stamps.times)}")
+    assert stamps.tokens == [1] * 6
+    assert stamps.times == sorted(stamps.times)
+    assert torch.equal(tokens, hf.greedy_generate(tiny.model, prompt, 6)), "the streamer must not change the tokens"
+
+
+def test_streamer_put_protocol_directly():
+    s = TokenTimestamps()
+    s.put(torch.tensor([[5, 6, 7]]))
+    s.put(torch.tensor([8]))
+    s.put(torch.tensor([9]))
+    assert len(s.times) == 2 and s.tokens == [1, 1]
+
+
+def test_generate_with_timestamps_rejects_a_batch(tiny):
+    with pytest.raises(ValueError, match="one request at a time"):
+        generate_with_timestamps(tiny.model, random_prompt_ids(tiny.config, 4, batch=2), 2)
+
+
+def _prompts(n, length=3):
+    return torch.arange(n).unsqueeze(1).repeat(1, length)  # row i starts with token i: FakeModel logs the order
+
+
+def test_concurrency_one_sends_after_each_finish():
+    records = run_sequential_server(FakeModel(), _prompts(4), output_len=3, concurrency=1)
+    for earlier, later in zip(records, records[1:]):
+        assert later.send_time >= earlier.finish_time, "with one request in flight, the next is sent after the last ends"
+    assert all(r.success and r.num_output_tokens == 3 for r in records)
+
+
+def test_concurrency_queues_requests_and_ttft_includes_the_wait():
+    model = FakeModel()
+    records = run_sequential_server(model, _prompts(6), output_len=3, concurrency=3)
+    assert model.served == list(range(6)), "the server takes requests first come, first served"
+    assert len({r.send_time for r in records[:3]}) == 1, "the client sends `concurrency` requests at once"
+    ttfts = [request_latencies_ms(r).ttft_ms for r in records[:3]]
+    assert ttfts[0] < ttfts[1] < ttfts[2], "requests sent together wait in line: their TTFT grows with the queue"
+    tpots = [request_latencies_ms(r).tpot_ms for r in records]
+    assert max(tpots) < min(ttfts[1:]), "queueing delays the first token, not the tokens after it"
+    # Requests 4-6 are sent when 1-3 finish, so each waits for the two ahead of it.
+    assert records[3].send_time == pytest.approx(records[0].finish_time, abs=5e-3)
+
+
+def test_a_failing_request_is_recorded_and_the_run_goes_on():
+    records = run_sequential_server(FakeModel(fail_on=1), _prompts(3), output_len=2, concurrency=2)
+    assert [r.success for r in records] == [True, False, True]
+    assert "out of memory" in records[1].error and records[1].end_time >= records[1].send_time
+    m = calculate_metrics(records)
+    assert (m["completed"], m["failed"]) == (2, 1)
+
+
+def test_concurrency_must_be_positive():
+    with pytest.raises(ValueError, match="concurrency"):
+        run_sequential_server(FakeModel(), _prompts(2), 2, concurrency=0)
+
+
+def test_grid_cells_and_prompt_counts():
+    grid = BenchmarkGrid(input_lens=(512, 2048), output_lens=(64,), concurrency=(1, 8, 32), num_prompts=200)
+    assert grid_cells(grid) == [(512, 64, 1), (512, 64, 8), (512, 64, 32), (2048, 64, 1), (2048, 64, 8), (2048, 64, 32)]
+    sizes = BaselineSizes(min_prompts=8, rounds=2, warmup=1)
+    assert [prompts_per_cell(grid, sizes, c) for c in (1, 8, 32)] == [8, 16, 64]
+    small = BenchmarkGrid(input_lens=(32,), output_lens=(4,), concurrency=(4,), num_prompts=5)
+    assert prompts_per_cell(small, sizes, 4) == 5, "never more prompts than the grid has"
+
+
+def test_baseline_grid_on_the_tiny_model(tiny):
+    grid = BenchmarkGrid(input_lens=(8,), output_lens=(3,), concurrency=(1, 2), num_prompts=3)
+    runs, records = run_baseline_grid(tiny, grid, sizes=BaselineSizes(min_prompts=3, rounds=1, warmup=1),
+                                      slo_ms={"ttft": 1e6, "tpot": 1e6}, progress=False)
+    assert [(r["input_len"], r["output_len"], r["max_concurrency"]) for r in runs] == [(8, 3, 1), (8, 3, 2)]
+    for run in runs:
+        assert run["completed"] == 3 and run["failed"] == 0 and run["total_output_tokens"] == 9
+        assert run["total_input_tokens"] == 24
+        assert run["request_goodput"] == pytest.approx(run["request_throughput"]), "huge SLOs: every request is good"
+        assert run["backend"] == "transformers-generate-sequential" and run["request_rate"] == "inf"
+    assert all(len(r.chunk_times) == 3 for r in records[(8, 3, 2)])
