@@ -227,3 +227,79 @@ def plot_latency(ax, runs: list[dict], metric: str) -> None:
     ax.set_ylabel(f"{metric.upper()} (ms)")
     ax.legend(fontsize=7)
     ax.grid(True, alpha=0.3)
+
+
+# ---------------------------------------------------------------- the same grid against vLLM (GPU only)
+
+VLLM_PERCENTILES = "50,90,95,99"
+
+
+def vllm_commands(profile, model_id: str, result_dir: str = "results/vllm", port: int = 8000,
+                  num_warmups: int = 2) -> tuple[list[str], list[list[str]]]:
+    """`vllm serve` and one `vllm bench serve` per grid cell, for the profile's grid and SLOs.
+
+    The completions endpoint (`--backend openai`) sends the prompt as is: the chat endpoint
+    would wrap it in a chat template and add tokens, so the input would no longer be exact.
+    `--ignore-eos` and `--random-range-ratio 0` make every request exactly input/output long."""
+    grid, dtype = profile.grid, str(profile.dtype).removeprefix("torch.")
+    serve = ["vllm", "serve", model_id, "--dtype", dtype, "--port", str(port), "--seed", "0",
+             "--max-model-len", str(max(grid.input_lens) + max(grid.output_lens))]
+    benches = []
+    for input_len, output_len, concurrency in grid_cells(grid):
+        benches.append([
+            "vllm", "bench", "serve", "--backend", "openai", "--base-url", f"http://127.0.0.1:{port}",
+            "--endpoint", "/v1/completions", "--model", model_id,
+            "--dataset-name", "random", "--random-input-len", str(input_len), "--random-output-len", str(output_len),
+            "--random-range-ratio", "0", "--ignore-eos", "--temperature", "0", "--seed", "0",
+            "--num-prompts", str(grid.num_prompts), "--request-rate", "inf", "--max-concurrency", str(concurrency),
+            "--num-warmups", str(num_warmups),
+            "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", VLLM_PERCENTILES,
+            "--goodput", f"ttft:{profile.slo.ttft_ms:g}", f"tpot:{profile.slo.tpot_ms:g}",
+            "--save-result", "--result-dir", result_dir,
+            "--result-filename", f"vllm_in{input_len}_out{output_len}_c{concurrency}.json"])
+    return serve, benches
+
+
+def vllm_skip_reason() -> str | None:
+    """Why the vLLM benchmark cannot run here, or None when it can."""
+    import shutil
+
+    if not torch.cuda.is_available():
+        return "no CUDA GPU (vLLM serves on a GPU)"
+    if shutil.which("vllm") is None:
+        return "the `vllm` command is not installed (conda env create -f environment.yml installs it)"
+    return None
+
+
+def run_vllm_grid(profile, model_id: str, result_dir: str = "results/vllm", port: int = 8000,
+                  startup_timeout_s: float = 900.0) -> list[str]:
+    """Start `vllm serve`, wait until it answers /health, run every `vllm bench serve` of the grid,
+    stop the server. Returns the result files. The server's log goes to <result_dir>/server.log:
+    keep it, it shows the KV cache size and any preemption."""
+    import subprocess
+    import urllib.request
+    from pathlib import Path
+
+    serve, benches = vllm_commands(profile, model_id, result_dir, port)
+    Path(result_dir).mkdir(parents=True, exist_ok=True)
+    with open(Path(result_dir) / "server.log", "w") as log:
+        server = subprocess.Popen(serve, stdout=log, stderr=subprocess.STDOUT)
+        try:
+            deadline = time.monotonic() + startup_timeout_s
+            while True:
+                if server.poll() is not None:
+                    raise RuntimeError(f"vllm serve exited with code {server.returncode}; see {log.name}")
+                try:
+                    if urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5).status == 200:
+                        break
+                except OSError:
+                    pass
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"vllm serve not ready after {startup_timeout_s:.0f} s; see {log.name}")
+                time.sleep(5)
+            for command in benches:
+                subprocess.run(command, check=True)
+        finally:
+            server.terminate()
+            server.wait(timeout=120)
+    return [str(Path(result_dir) / c[c.index("--result-filename") + 1]) for c in benches]
