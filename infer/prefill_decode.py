@@ -5,13 +5,18 @@
 - `prefill_ms` / `decode_step_ms`: the two phases timed apart, with `transformers`' KV cache.
   Prefill processes a whole prompt in one forward pass; a decode step processes one token
   against the cached keys and values of everything before it.
+- `sweep_prefill_decode` and the plots: the experiments of the week 01 lecture, sized by profile.
 """
 
 import time
+from dataclasses import dataclass
 
+import matplotlib.pyplot as plt
+import numpy as np
 import torch
 
 from infer import hf
+from infer.prompts import random_prompt_ids
 from infer.timing import Timing, benchmark, synchronize
 
 
@@ -63,3 +68,149 @@ def decode_step_ms(model, context_ids: torch.Tensor, *, warmup: int = 1, repeats
         cache.crop(-1)  # drop the token just added, so that every repeat sees the same context
 
     return benchmark(one_step, device=context_ids.device, warmup=warmup, repeats=repeats)
+
+
+def verify_naive_loop(model, config, fn=None, *, qid: str = "01.naive_loop", prompt_lens=(5, 17, 40),
+                      new_tokens: int = 12, seed: int = 0):
+    """Is `fn` (default: `naive_greedy_generate`) token-identical to `transformers`' greedy generate()?
+
+    Runs both on fresh random prompts and returns an `infer.checks.Verdict` (one line to print).
+    The comparison runs in float32: in bf16 the cached (generate) and uncached (naive) paths round
+    differently, and with random weights a near-tie argmax can flip without any bug."""
+    import copy
+
+    from infer.checks import Case, grade_function, same_tokens
+
+    fn = fn or naive_greedy_generate
+    fp32_model = model if next(model.parameters()).dtype == torch.float32 else copy.deepcopy(model).float()
+    device = next(model.parameters()).device
+    cases = [Case(f"a {length}-token prompt (seed {seed + i})",
+                  (fp32_model, random_prompt_ids(config, length, seed=seed + i).to(device), new_tokens))
+             for i, length in enumerate(prompt_lens)]
+    return grade_function(qid, fn, hf.greedy_generate, cases, same_tokens,
+                          success=f"token-identical to transformers' generate() on {len(cases)} random prompts "
+                                  f"({new_tokens} new tokens each, float32)")
+
+
+# ---------------------------------------------------------------- the week 01 experiments
+
+
+@dataclass(frozen=True)
+class PhaseSizes:
+    """How big week 01's experiments are on a profile: small enough for a laptop CPU, seed-sized on a GPU."""
+
+    sweep_prompt_lens: tuple[int, ...]  # prompt lengths of the prefill/decode sweep
+    prefill_repeats: int
+    decode_repeats: int
+    naive_prompt_len: int  # the naive loop's prompt in the "per-token time grows" experiment
+    naive_new_tokens: int
+
+
+PHASE_SIZES = {
+    # The tiny model on two cores: the whole sweep takes seconds.
+    "cpu": PhaseSizes(sweep_prompt_lens=(16, 32, 64, 128, 256, 512, 1024), prefill_repeats=5, decode_repeats=7,
+                      naive_prompt_len=128, naive_new_tokens=128),
+    # A 1.5B model on one GPU: up to 8192-token prompts, where prefill is clearly compute-bound.
+    "gpu": PhaseSizes(sweep_prompt_lens=(128, 256, 512, 1024, 2048, 4096, 8192), prefill_repeats=10, decode_repeats=20,
+                      naive_prompt_len=1024, naive_new_tokens=128),
+}
+
+
+def phase_sizes(profile) -> PhaseSizes:
+    """The week 01 sizes for `profile` (an infer.profiles.Profile)."""
+    if profile.name not in PHASE_SIZES:
+        raise ValueError(f"No week 01 sizes for profile {profile.name!r}; known: {', '.join(PHASE_SIZES)}")
+    return PHASE_SIZES[profile.name]
+
+
+def token_gaps_ms(send_time_s: float, token_times_s: list[float]) -> list[float]:
+    """The wait before each output token, in ms: the first is the TTFT, the others the gaps between tokens."""
+    if not token_times_s:
+        raise ValueError("need at least one token timestamp")
+    times = [send_time_s, *token_times_s]
+    return [(later - earlier) * 1e3 for earlier, later in zip(times, times[1:])]
+
+
+@dataclass(frozen=True)
+class PhaseTiming:
+    """Prefill of a `prompt_len`-token prompt and one decode step after it, timed apart."""
+
+    prompt_len: int
+    prefill: Timing
+    decode_step: Timing
+
+
+def sweep_prefill_decode(model, config, prompt_lens, *, prefill_repeats: int = 5, decode_repeats: int = 10,
+                         progress: bool = True) -> list[PhaseTiming]:
+    """Time prefill and one decode step for each prompt length (exact-length random prompts)."""
+    from tqdm.auto import tqdm
+
+    device = next(model.parameters()).device
+    rows = []
+    for length in tqdm(list(prompt_lens), desc="prompt lengths", disable=not progress):
+        prompt = random_prompt_ids(config, length, seed=length).to(device)
+        rows.append(PhaseTiming(length, prefill_ms(model, prompt, repeats=prefill_repeats),
+                                decode_step_ms(model, prompt, repeats=decode_repeats)))
+    return rows
+
+
+def format_phase_table(rows: list[PhaseTiming]) -> str:
+    """The sweep as a plain-text table: medians with the p10-p90 spread, in ms."""
+    lines = [f"{'prompt tokens':>13} | {'prefill ms (p10-p90)':>24} | {'decode step ms (p10-p90)':>26} | {'prefill / decode':>16}"]
+    for row in rows:
+        (p_lo, p_hi), (d_lo, d_hi) = row.prefill.spread_ms, row.decode_step.spread_ms
+        ratio = row.prefill.median_ms / row.decode_step.median_ms
+        lines.append(f"{row.prompt_len:>13} | {row.prefill.median_ms:>8.2f} ({p_lo:>6.2f}-{p_hi:>6.2f}) | "
+                     f"{row.decode_step.median_ms:>10.2f} ({d_lo:>6.2f}-{d_hi:>6.2f}) | {ratio:>15.1f}x")
+    return "\n".join(lines)
+
+
+def _error_bars(timings: list[Timing]) -> np.ndarray:
+    medians = np.array([t.median_ms for t in timings])
+    spreads = np.array([t.spread_ms for t in timings])
+    return np.vstack([medians - spreads[:, 0], spreads[:, 1] - medians])
+
+
+def plot_phase_sweep(ax: plt.Axes, rows: list[PhaseTiming]) -> None:
+    """Prefill time and one decode step's time against prompt length: medians, p10-p90 error bars."""
+    lengths = [row.prompt_len for row in rows]
+    for label, timings, marker in (("prefill (whole prompt, one pass)", [r.prefill for r in rows], "o"),
+                                   ("one decode step (1 token, KV cache)", [r.decode_step for r in rows], "s")):
+        ax.errorbar(lengths, [t.median_ms for t in timings], yerr=_error_bars(timings), marker=marker,
+                    capsize=3, label=label)
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xticks(lengths, [str(n) for n in lengths])
+    ax.set_xlabel("prompt length (tokens)")
+    ax.set_ylabel("time (ms, median; bars: p10-p90)")
+    ax.legend(fontsize=8)
+    ax.grid(True, which="both", alpha=0.3)
+
+
+def robust_line(x, y) -> tuple[float, float]:
+    """Slope and intercept of the Theil-Sen line (median of pairwise slopes): one token delayed by
+    another process on a shared machine moves it far less than a least-squares fit."""
+    x, y = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
+    if len(x) < 2 or np.ptp(x) == 0:
+        raise ValueError("need at least two distinct x values to fit a line")
+    i, j = np.triu_indices(len(x), k=1)
+    distinct = x[j] != x[i]
+    slope = float(np.median((y[j] - y[i])[distinct] / (x[j] - x[i])[distinct]))
+    return slope, float(np.median(y - slope * x))
+
+
+def plot_naive_token_times(ax: plt.Axes, prompt_len: int, gaps_ms: list[float], cached_step: Timing | None = None) -> None:
+    """Each output token's wait in the naive loop against the sequence length it recomputed."""
+    lengths = np.arange(prompt_len, prompt_len + len(gaps_ms))  # token i is computed from prompt_len + i tokens
+    ax.plot(lengths[1:], gaps_ms[1:], ".", alpha=0.6, label="naive loop: time per output token")
+    slope, intercept = robust_line(lengths[1:], gaps_ms[1:])
+    ax.plot(lengths[1:], slope * lengths[1:] + intercept, color="C0",
+            label=f"trend (median slope): {slope * 100:+.1f} ms per 100 tokens of context")
+    if cached_step is not None:
+        ax.axhline(cached_step.median_ms, color="C1", linestyle="--",
+                   label=f"one decode step with a KV cache: {cached_step.median_ms:.1f} ms")
+    ax.set_xlabel("sequence length the step recomputes (tokens)")
+    ax.set_ylabel("time per output token (ms)")
+    ax.set_ylim(bottom=0)
+    ax.legend(fontsize=8)
+    ax.grid(True, alpha=0.3)

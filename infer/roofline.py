@@ -89,5 +89,65 @@ def plot_roofline(ax: plt.Axes, peak_flops: float, bandwidth: float, points: dic
         ax.scatter([intensity], [achieved], s=60, zorder=3, label=f"{label}: {intensity:.1f} FLOP/byte")
     ax.set_xlabel("arithmetic intensity (FLOP/byte)")
     ax.set_ylabel("achieved FLOP/s")
-    ax.legend(fontsize=8)
+    # Beside the axes, not inside: points can land anywhere under the roof.
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0)
+    ax.figure.subplots_adjust(right=0.62)
     ax.grid(True, which="both", alpha=0.3)
+
+
+# ---------------------------------------------------------------- this device's roofline, measured
+
+
+@dataclass(frozen=True)
+class RooflineProbe:
+    """How to measure a profile's roofline: one square matmul for the compute roof, one copy for bandwidth."""
+
+    matmul_size: int
+    matmul_dtype: torch.dtype
+    copy_megabytes: int  # large enough to spill out of the CPU's last-level cache
+    repeats: int
+
+
+ROOFLINE_PROBES = {
+    "cpu": RooflineProbe(matmul_size=1024, matmul_dtype=torch.float32, copy_megabytes=64, repeats=5),
+    "gpu": RooflineProbe(matmul_size=8192, matmul_dtype=torch.bfloat16, copy_megabytes=1024, repeats=10),
+}
+
+
+@dataclass(frozen=True)
+class MeasuredRoofline:
+    peak_flops: float  # FLOP/s, achieved by a large matmul
+    bandwidth: float  # byte/s, achieved by a large copy
+    probe: RooflineProbe
+
+    @property
+    def ridge_point(self) -> float:
+        """The intensity (FLOP/byte) where the two roofs meet: below it, memory is the bottleneck."""
+        return self.peak_flops / self.bandwidth
+
+    def attainable(self, intensity: float) -> float:
+        """The roofline itself: the most FLOP/s any kernel of this intensity can reach here."""
+        return min(self.peak_flops, intensity * self.bandwidth)
+
+    def __str__(self) -> str:
+        dtype = str(self.probe.matmul_dtype).removeprefix("torch.")
+        return (f"matmul {self.probe.matmul_size}x{self.probe.matmul_size} {dtype}: {self.peak_flops / 1e9:,.1f} GFLOP/s | "
+                f"copy {self.probe.copy_megabytes} MiB: {self.bandwidth / 1e9:,.1f} GB/s | "
+                f"ridge point: {self.ridge_point:.1f} FLOP/byte")
+
+
+def measure_roofline(profile) -> MeasuredRoofline:
+    """Measure the compute and bandwidth roofs of the profile's device, at the profile's sizes."""
+    if profile.name not in ROOFLINE_PROBES:
+        raise ValueError(f"No roofline probe for profile {profile.name!r}; known: {', '.join(ROOFLINE_PROBES)}")
+    probe = ROOFLINE_PROBES[profile.name]
+    peak = measure_matmul_flops(profile.device, probe.matmul_dtype, probe.matmul_size, repeats=probe.repeats)
+    bandwidth = measure_copy_bandwidth(profile.device, probe.copy_megabytes, repeats=probe.repeats)
+    return MeasuredRoofline(peak_flops=peak, bandwidth=bandwidth, probe=probe)
+
+
+def achieved_point(cost: ForwardCost, median_ms: float) -> tuple[float, float]:
+    """(intensity in FLOP/byte, achieved FLOP/s) of a forward pass of `cost` that took `median_ms`."""
+    if median_ms <= 0:
+        raise ValueError(f"a measured time must be positive, got {median_ms} ms")
+    return cost.intensity, cost.flops / (median_ms / 1e3)

@@ -13,15 +13,22 @@ matplotlib.use("agg")
 
 from infer import hf  # noqa: E402
 from infer import prefill_decode as pd  # noqa: E402
-from infer.models import load_model  # noqa: E402
 from infer.profiles import PROFILES  # noqa: E402
 from infer.prompts import random_prompt_ids  # noqa: E402
 from infer.timing import Timing  # noqa: E402
 
 
-@pytest.fixture(scope="module")
-def tiny():
-    return load_model("tiny", PROFILES["cpu"], weights="random", quiet=True)
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """On a shared 2-core machine, two threads that wait on each other slow down tenfold whenever
+    another process takes a core; one thread keeps these tests fast. Restored afterwards."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+# `tiny` (the cpu profile's random-weight model, loaded once per session) comes from conftest.py.
 
 
 @pytest.mark.parametrize("seed, length", [(0, 1), (1, 5), (2, 13), (3, 31), (4, 64)])
@@ -128,3 +135,25 @@ def test_robust_line_ignores_one_outlier():
     y[5] = 500.0  # one token delayed by another process
     slope, intercept = pd.robust_line(x, y)
     assert slope == pytest.approx(2.0) and intercept == pytest.approx(1.0), f"expected y = 2x + 1, got {slope}x + {intercept}"
+
+
+def test_request_latency_split_hand_computed():
+    from infer.widgets import request_latency_split_ms
+
+    row = pd.PhaseTiming(100, Timing((40.0,)), Timing((5.0,)))
+    split = request_latency_split_ms(row, 11)
+    assert list(split.values()) == [40.0, 50.0], f"prefill 40 ms, then 10 more decode steps of 5 ms = 50 ms; got {split}"
+    with pytest.raises(ValueError):
+        request_latency_split_ms(row, 0)
+
+
+def test_phase_split_explorer_draws_its_initial_state():
+    import matplotlib.pyplot as plt
+    from infer.widgets import phase_split_explorer
+
+    rows = [pd.PhaseTiming(n, Timing((n / 10,)), Timing((2.0,))) for n in (16, 64, 256)]
+    widget = phase_split_explorer(rows, initial_prompt_len=64, initial_output_tokens=8)
+    prompt_slider, output_slider = widget.children[:2]
+    assert (prompt_slider.value, output_slider.value) == (64, 8), "the sliders must start at the requested values"
+    assert list(prompt_slider.options) == [16, 64, 256], "the prompt slider offers exactly the measured lengths"
+    plt.close("all")

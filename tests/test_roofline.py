@@ -13,6 +13,16 @@ from infer.models import MODEL_SPECS  # noqa: E402
 from infer.profiles import PROFILES  # noqa: E402
 
 
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """On a shared 2-core machine, two threads that wait on each other slow down tenfold whenever
+    another process takes a core; one thread keeps these tests fast. Restored afterwards."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.mark.parametrize("m, k, n, b, expected", [
     # 2mkn / (b (mk + kn + mn)), computed by hand
     (1, 1536, 1536, 2, 2 * 1536 * 1536 / (2 * (1536 + 1536 * 1536 + 1536))),  # a decode-step matmul: ~1
