@@ -303,3 +303,36 @@ def run_vllm_grid(profile, model_id: str, result_dir: str = "results/vllm", port
             server.terminate()
             server.wait(timeout=120)
     return [str(Path(result_dir) / c[c.index("--result-filename") + 1]) for c in benches]
+
+
+def plot_request_timeline(ax, record: RequestRecord, service_start: float | None = None) -> None:
+    """One request on a time axis (ms after it was sent), with TTFT, ITL, TPOT and E2EL marked.
+
+    `service_start`: when the server began working on it (a queued request waits before that)."""
+    from infer.metrics import request_latencies_ms
+
+    lat = request_latencies_ms(record)
+    t = [(c - record.send_time) * 1e3 for c in record.chunk_times]
+    if service_start is not None and service_start > record.send_time:
+        wait = (service_start - record.send_time) * 1e3
+        ax.barh(2, wait, left=0, height=0.5, color="0.8", label=f"queued: {wait:.0f} ms")
+        ax.barh(2, t[0] - wait, left=wait, height=0.5, color="C1", alpha=0.7, label="prefill + first step")
+    else:
+        ax.barh(2, t[0], left=0, height=0.5, color="C1", alpha=0.7, label="prefill + first step")
+    ax.barh(2, t[-1] - t[0], left=t[0], height=0.5, color="C0", alpha=0.5, label="decode steps")
+    ax.vlines(t, 1.7, 2.3, color="k", linewidth=0.8)
+    ax.plot([0], [2], marker=">", color="k", markersize=8)
+    ax.annotate("", xy=(t[0], 1.1), xytext=(0, 1.1), arrowprops=dict(arrowstyle="<->"))
+    ax.text(t[0] / 2, 1.0, f"TTFT {lat.ttft_ms:.0f} ms", ha="center", va="top", fontsize=8)
+    ax.annotate("", xy=(t[-1], 0.4), xytext=(0, 0.4), arrowprops=dict(arrowstyle="<->"))
+    ax.text(t[-1] / 2, 0.3, f"E2EL {lat.e2el_ms:.0f} ms", ha="center", va="top", fontsize=8)
+    if len(t) > 1:
+        ax.annotate("", xy=(t[1], 2.9), xytext=(t[0], 2.9), arrowprops=dict(arrowstyle="<->", color="C3"))
+        ax.text(t[1], 3.0, f"one ITL: {lat.itls_ms[0]:.1f} ms", color="C3", ha="left", va="bottom", fontsize=8)
+        ax.text(t[-1], 1.62, f"TPOT = ({lat.e2el_ms:.0f} - {lat.ttft_ms:.0f}) / "
+                f"{record.num_output_tokens - 1} = {lat.tpot_ms:.1f} ms", ha="right", va="top", fontsize=8, color="C0")
+    ax.set_yticks([2], ["request"])
+    ax.set_ylim(-0.2, 3.6)
+    ax.set_xlim(-0.02 * t[-1], t[-1] * 1.05)
+    ax.set_xlabel("time since the request was sent (ms); ticks: output tokens arriving")
+    ax.legend(loc="upper left", fontsize=7, ncol=3)

@@ -29,7 +29,10 @@ def random_record(rng: random.Random, kind: str | None = None, t0: float = 0.0) 
     times = [first]
     for _ in range(chunks - 1):
         times.append(times[-1] + rng.expovariate(1 / 0.03))
-    tokens = [rng.randint(1, 4) for _ in times] if kind == "chunked" else None
+    tokens = None
+    if kind == "chunked":  # at least one chunk carries several tokens, so chunks and tokens differ
+        tokens = [rng.randint(1, 4) for _ in times]
+        tokens[rng.randrange(len(tokens))] = rng.randint(2, 4)
     return RequestRecord(prompt_len, send, chunk_times=times, chunk_tokens=tokens)
 
 

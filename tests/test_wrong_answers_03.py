@@ -1,0 +1,54 @@
+"""Lab 03: deliberately wrong answers, substituted into the solution, must fail exactly their own checks."""
+
+import nbformat
+
+from tests.nbval_runner import cell_results, check_cell_ids
+from tests.notebook_files import REPO_ROOT
+from tests.test_wrong_answers import with_solutions_replaced
+
+# Plausible mistakes, one per task of lab 03 (cell id -> replacement solution).
+LAB03_MISTAKES = {
+    "q1": "answer_q1 = 0.40  # seconds, not ms",
+    "q2": "answer_q2 = (0.60 - 0.40) / 5 * 1e3  # divided by N instead of N - 1",
+    "q3": "answer_q3 = (10 + 100) / 2  # averaged per request first",
+    "q4": "answer_q4 = 100  # the median, not the mean",
+    "q5": "answer_q5 = 100  # most requests, not the 99th percentile",
+    "q6": "answer_q6 = 1000 / 10  # throughput, not goodput",
+    "q7": 'answer_q7 = "output_throughput"',
+    "latencies": """    ttft_s = record.chunk_times[0] - record.send_time
+    e2el_s = record.chunk_times[-1] - record.send_time
+    n = len(record.chunk_times)  # chunks, not tokens
+    tpot_ms = (e2el_s - ttft_s) / (n - 1) * 1e3 if n > 1 else None
+    return ttft_s * 1e3, tpot_ms, e2el_s * 1e3""",
+    "serving-metrics": """    from infer.metrics import calculate_metrics
+    result = dict(calculate_metrics(records))
+    per_request = [np.mean(np.diff(r.chunk_times)) * 1e3 for r in records if r.success and len(r.chunk_times) > 1]
+    result["mean_itl_ms"] = np.mean(per_request)  # averaged per request first, not pooled
+    return result""",
+    "goodput": """    duration = max(r.finish_time for r in records) - min(r.send_time for r in records)
+    good = 0
+    for r in records:
+        if not r.success:
+            continue
+        ttft, tpot, e2el = latencies_ms(r)
+        observed = {"ttft": ttft, "tpot": float("inf") if tpot is None else tpot, "e2el": e2el}  # drops one-token requests
+        good += all(observed[key] <= limit for key, limit in slo_ms.items())
+    return good / duration""",
+    "grid": "my_grid = BenchmarkGrid(input_lens=(512, 2048), output_lens=(64,), concurrency=(1, 2, 4, 8, 16, 32), num_prompts=32)",
+}
+LAB03_CHECK_OF_TASK = {"latencies": "check-latencies", "serving-metrics": "check-serving-metrics",
+                       "goodput": "check-goodput", "grid": "check-grid"}
+
+
+def test_lab03_wrong_answers_fail_exactly_their_checks(tmp_path):
+    solution = nbformat.read(REPO_ROOT / "solutions" / "03_measuring.ipynb", as_version=4)
+    mutated_path = tmp_path / "03_wrong.ipynb"
+    nbformat.write(with_solutions_replaced(solution, LAB03_MISTAKES), mutated_path)
+
+    results = cell_results(mutated_path, tmp_path)
+    should_fail = {LAB03_CHECK_OF_TASK.get(cell_id, cell_id) for cell_id in LAB03_MISTAKES}
+    for check in check_cell_ids(solution):
+        if check in should_fail:
+            assert results[check] is False, f"check cell {check!r} passed a deliberately wrong answer"
+        else:
+            assert results[check] is True, f"check cell {check!r} failed although its task was left correct"
