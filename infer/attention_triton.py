@@ -1,0 +1,111 @@
+"""The tiled online-softmax attention (`infer.attention.tiled_attention`) as one Triton kernel.
+
+Same algorithm, now really on chip: one program instance owns BLOCK_M query rows of one
+(batch, head); it loads its Q tile once, then streams K/V tiles of BLOCK_N keys from HBM,
+keeping the running max `m_i`, running sum `l_i` and the unnormalized output `acc` in registers.
+The [N, N] score matrix never exists anywhere; HBM sees Q, K, V read and O written.
+
+Needs CUDA and the `triton` package (it ships with PyTorch's CUDA wheels). Without them,
+`available()` says why and nothing here runs. `TRITON_INTERPRET=1` runs the kernel in Triton's
+CPU interpreter (slowly), which is how it can be checked without a GPU."""
+
+import importlib.util
+import math
+import os
+
+import torch
+
+from infer.attention import YES, Availability
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # no triton: everything below stays undefined, and available() explains
+    triton = None
+
+SUPPORTED_HEAD_DIMS = (16, 32, 64, 128)  # tl.arange needs a power of two; tl.dot needs >= 16
+SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+def interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def available(device: str, dtype: torch.dtype, head_dim: int) -> Availability:
+    if triton is None:
+        reason = "not installed" if importlib.util.find_spec("triton") is None else "failed to import"
+        return Availability(False, f"the triton package is {reason} (it comes with PyTorch's CUDA builds)")
+    if device != "cuda" and not interpreting():
+        return Availability(False, f"Triton kernels need a CUDA GPU (device here: {device}; "
+                                   "TRITON_INTERPRET=1 would run it in the slow CPU interpreter)")
+    if dtype not in SUPPORTED_DTYPES:
+        return Availability(False, f"this kernel supports fp16, bf16 and fp32, not {dtype}")
+    if head_dim not in SUPPORTED_HEAD_DIMS:
+        return Availability(False, f"this kernel supports head_dim in {SUPPORTED_HEAD_DIMS}, not {head_dim}")
+    return YES
+
+
+if triton is not None:
+
+    @triton.jit
+    def _attention_forward(Q, K, V, O, seq_len, scale,
+                           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
+                           CAUSAL: tl.constexpr, EXACT_FP32: tl.constexpr):
+        block = tl.program_id(0)  # which block of query rows
+        head = tl.program_id(1)  # which (batch, head): tensors are contiguous [batch * heads, seq_len, HEAD_DIM]
+        base = head.to(tl.int64) * seq_len * HEAD_DIM
+        rows = block * BLOCK_M + tl.arange(0, BLOCK_M)
+        dims = tl.arange(0, HEAD_DIM)
+        row_ok = rows[:, None] < seq_len
+
+        q = tl.load(Q + base + rows[:, None] * HEAD_DIM + dims[None, :], mask=row_ok, other=0.0)
+        m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)  # running max
+        l_i = tl.zeros([BLOCK_M], dtype=tl.float32)  # running sum of exp(s - m_i)
+        acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)  # running sum of exp(s - m_i) * v
+
+        if CAUSAL:
+            keys_end = tl.minimum((block + 1) * BLOCK_M, seq_len)  # key blocks past the diagonal are skipped
+        else:
+            keys_end = seq_len
+        for start in range(0, keys_end, BLOCK_N):
+            cols = start + tl.arange(0, BLOCK_N)
+            col_ok = cols[:, None] < seq_len
+            k = tl.load(K + base + cols[:, None] * HEAD_DIM + dims[None, :], mask=col_ok, other=0.0)
+            v = tl.load(V + base + cols[:, None] * HEAD_DIM + dims[None, :], mask=col_ok, other=0.0)
+            if EXACT_FP32:  # without it, fp32 dots use TF32 (10-bit mantissa) and miss a 1e-5 tolerance
+                s = tl.dot(q, tl.trans(k), input_precision="ieee") * scale
+            else:
+                s = tl.dot(q, tl.trans(k)) * scale
+            visible = cols[None, :] < seq_len
+            if CAUSAL:
+                visible = visible & (cols[None, :] <= rows[:, None])
+            s = tl.where(visible, s, float("-inf"))
+            # The online softmax: every row has seen key 0 after the first tile, so m_new is finite.
+            m_new = tl.maximum(m_i, tl.max(s, 1))
+            p = tl.exp(s - m_new[:, None])
+            alpha = tl.exp(m_i - m_new)  # rescales what was accumulated under the old max
+            l_i = l_i * alpha + tl.sum(p, 1)
+            if EXACT_FP32:
+                acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
+            else:
+                acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+            m_i = m_new
+
+        out = acc / l_i[:, None]
+        tl.store(O + base + rows[:, None] * HEAD_DIM + dims[None, :], out.to(O.dtype.element_ty), mask=row_ok)
+
+
+def triton_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
+                     block_m: int = 64, block_n: int = 64) -> torch.Tensor:
+    """Attention of [batch, heads, seq_len, head_dim] tensors with the kernel above."""
+    verdict = available(q.device.type, q.dtype, q.shape[-1])
+    if not verdict:
+        raise RuntimeError(f"triton_attention cannot run: {verdict.reason}")
+    batch, heads, seq_len, head_dim = q.shape
+    q, k, v = (t.contiguous() for t in (q, k, v))
+    out = torch.empty_like(q)
+    grid = (triton.cdiv(seq_len, block_m), batch * heads)
+    _attention_forward[grid](q, k, v, out, seq_len, 1.0 / math.sqrt(head_dim),
+                             BLOCK_M=block_m, BLOCK_N=block_n, HEAD_DIM=head_dim,
+                             CAUSAL=causal, EXACT_FP32=q.dtype == torch.float32)
+    return out

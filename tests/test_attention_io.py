@@ -1,0 +1,55 @@
+"""The IO and memory formulas, checked on values worked out by hand."""
+
+import math
+
+import pytest
+
+from infer.attention_io import (flash_attention_hbm_bytes, flash_block_sizes, io_time_ms, score_matrix_bytes,
+                                standard_attention_hbm_bytes, tiled_hbm_bytes)
+
+
+def test_score_matrix_bytes():
+    assert score_matrix_bytes(1, 1, 1024, 4) == 4 * 2**20
+    assert score_matrix_bytes(1, 32, 32768, 2) == 32 * 32768**2 * 2  # 68.7 GB: one layer of a 32-head model
+    assert score_matrix_bytes(2, 3, 10, 1) == 600
+
+
+def test_standard_attention_counts_four_passes_over_the_n_by_n_matrix():
+    # N=1024, d=64, fp16: 4*N*d + 4*N^2 elements.
+    assert standard_attention_hbm_bytes(1024, 64, 2) == 2 * (4 * 1024 * 64 + 4 * 1024**2)
+
+
+def test_paper_block_sizes_on_an_a100_sm():
+    sram_elements = 192 * 1024 // 2  # 192 KB of fp16
+    assert flash_block_sizes(sram_elements, 128) == (128, 192)
+    assert flash_block_sizes(sram_elements, 64) == (64, 384)
+
+
+def test_flash_attention_formula_by_hand():
+    n, d, m, b = 1024, 64, 16384, 2  # B_c = 16384 / 256 = 64, so T_c = 16 outer steps
+    expected = b * (3 * n * d + 2 * n + 16 * (3 * n * d + 4 * n))
+    assert flash_attention_hbm_bytes(n, d, m, b) == expected
+
+
+def test_flash_attention_moves_less_when_n_is_large_and_scales_as_one_over_m():
+    n, d = 16384, 64
+    standard = standard_attention_hbm_bytes(n, d, 2)
+    small, large = flash_attention_hbm_bytes(n, d, 2**14, 2), flash_attention_hbm_bytes(n, d, 2**16, 2)
+    assert large < small < standard
+    assert small / large == pytest.approx(4, rel=0.1), "Theta(N^2 d^2 / M): 4x the SRAM, about 1/4 the traffic"
+
+
+def test_tiled_bytes_non_causal_reads_kv_once_per_query_block():
+    n, d, block = 1000, 64, 128
+    blocks = math.ceil(n / block)
+    assert tiled_hbm_bytes(n, d, block, block, 4) == 4 * (2 * n * d + blocks * 2 * n * d)
+
+
+def test_tiled_bytes_causal_reads_about_half():
+    n, d = 8192, 64
+    full, causal = tiled_hbm_bytes(n, d, 128, 128, 2), tiled_hbm_bytes(n, d, 128, 128, 2, causal=True)
+    assert causal / full == pytest.approx(0.5, abs=0.02)
+
+
+def test_io_time():
+    assert io_time_ms(2e9, 2e12) == pytest.approx(1.0)
