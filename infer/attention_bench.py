@@ -197,7 +197,7 @@ def format_table(result: SweepResult) -> str:
 
 def plot_sweep(ax_time, ax_memory, result: SweepResult) -> None:
     """Time (left) and peak memory (right) against N, log-log; an "OOM" marker where a run was refused or failed."""
-    for name in result.names():
+    for index, name in enumerate(result.names()):
         points = [p for p in result.points if p.name == name]
         ok = [p for p in points if p.status == "ok"]
         lens = [p.seq_len for p in ok]
@@ -208,8 +208,12 @@ def plot_sweep(ax_time, ax_memory, result: SweepResult) -> None:
             if p.status == "oom":
                 for ax in (ax_time, ax_memory):
                     ax.plot([p.seq_len], [_top(ax)], marker="x", color=line.get_color(), markersize=9)
-                    ax.annotate(f"OOM\n{name}", (p.seq_len, _top(ax)), textcoords="offset points", xytext=(0, -28),
-                                ha="center", fontsize=7, color=line.get_color())
+                    ax.annotate(f"OOM: {name}", (p.seq_len, _top(ax)), textcoords="offset points",
+                                xytext=(-4, -14 - 10 * index),
+                                ha="right", fontsize=7, color=line.get_color())
+    for ax in (ax_time, ax_memory):
+        ax.set_xticks(result.config.seq_lens, [str(n) for n in result.config.seq_lens])
+        ax.minorticks_off()
     ax_time.set_xlabel("sequence length N (tokens)")
     ax_time.set_ylabel("time per call (ms), median with p10-p90")
     ax_memory.set_xlabel("sequence length N (tokens)")

@@ -71,3 +71,27 @@ def tiled_hbm_bytes(seq_len: int, head_dim: int, block_q: int, block_k: int, byt
 def io_time_ms(bytes_moved: float, bandwidth_bytes_per_s: float) -> float:
     """The IO lower bound on time: bytes / bandwidth, in ms (compute and overheads ignored)."""
     return bytes_moved / bandwidth_bytes_per_s * 1e3
+
+
+def on_chip_bytes(device: str) -> tuple[int, str]:
+    """The fast memory one tile must fit in, and where the number came from.
+
+    CUDA: shared memory per streaming multiprocessor (the paper's SRAM). CPU: the L2 cache of
+    one core, read from Linux's sysfs (1 MiB assumed when it cannot be read)."""
+    import torch
+
+    if device.startswith("cuda"):
+        props = torch.cuda.get_device_properties(torch.device(device))
+        size = getattr(props, "shared_memory_per_multiprocessor", 0) or 228 * 1024
+        return size, f"shared memory per SM of {props.name}"
+    try:
+        from pathlib import Path
+
+        for index in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*"):
+            if (index / "level").read_text().strip() == "2":
+                text = (index / "size").read_text().strip().upper()
+                scale = {"K": 1024, "M": 2**20}.get(text[-1], 1)
+                return int(text.rstrip("KM")) * scale, "L2 cache of one CPU core (sysfs)"
+    except (OSError, ValueError):
+        pass
+    return 2**20, "assumed 1 MiB L2 cache (could not read sysfs)"
