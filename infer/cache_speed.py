@@ -1,0 +1,106 @@
+"""Week 02's race: total generation time against the number of output tokens, for four loops.
+
+- the naive loop of week 01 (no cache: every step recomputes the whole sequence),
+- the course model with the growing cache (`ConcatKVCache`: torch.cat every step),
+- the course model with the preallocated cache (`KVCache`: written in place),
+- `transformers`' own greedy `generate()` (its own cache), the reference to beat.
+
+All four produce the same tokens (tests/test_generate.py); only the time differs.
+"""
+
+from dataclasses import dataclass
+from typing import Callable
+
+import matplotlib.pyplot as plt
+import numpy as np
+import torch
+
+from infer.generate import cached_greedy_generate, reference_greedy_generate
+from infer.kv_cache import ConcatKVCache, KVCache
+from infer.prefill_decode import naive_greedy_generate
+from infer.timing import Timing, benchmark
+
+NAIVE, GROWING, PREALLOCATED, GENERATE = ("naive loop (week 01)", "growing cache (torch.cat)",
+                                          "preallocated cache", "transformers generate()")
+
+
+@dataclass(frozen=True)
+class SpeedSizes:
+    """How big the race is on a profile."""
+
+    prompt_len: int
+    output_lens: tuple[int, ...]
+    repeats: int
+
+
+SPEED_SIZES = {
+    # The tiny model on two shared cores: the whole race takes some 20-30 s.
+    "cpu": SpeedSizes(prompt_len=16, output_lens=(25, 50, 100, 200), repeats=3),
+    # The 1.5B model on one GPU: long enough for the naive loop's quadratic term to show.
+    "gpu": SpeedSizes(prompt_len=256, output_lens=(64, 128, 256, 512), repeats=2),
+}
+
+
+def speed_sizes(profile) -> SpeedSizes:
+    if profile.name not in SPEED_SIZES:
+        raise ValueError(f"No week 02 sizes for profile {profile.name!r}; known: {', '.join(SPEED_SIZES)}")
+    return SPEED_SIZES[profile.name]
+
+
+def generation_loops(hf_model, model) -> dict[str, Callable[[torch.Tensor, int], torch.Tensor]]:
+    """The four loops, each `(prompt_ids [1, n], max_new_tokens) -> new tokens [1, max_new_tokens]`.
+
+    Each cached run gets a fresh cache, as a new request would; allocating it is part of the time."""
+    return {
+        NAIVE: lambda prompt, n: naive_greedy_generate(hf_model, prompt, n),
+        GROWING: lambda prompt, n: cached_greedy_generate(model, prompt, n, ConcatKVCache.for_model(model)),
+        PREALLOCATED: lambda prompt, n: cached_greedy_generate(model, prompt, n,
+                                                               KVCache.for_model(model, 1, prompt.shape[-1] + n)),
+        GENERATE: lambda prompt, n: reference_greedy_generate(hf_model, prompt, n),
+    }
+
+
+def race(loops: dict[str, Callable], prompt: torch.Tensor, output_lens, *, repeats: int = 3,
+         progress: bool = True) -> dict[str, list[Timing]]:
+    """Time every loop at every output length: one warm-up per loop, then `repeats` timed runs,
+    interleaved across loops so that a slow moment of a shared machine hits all of them alike."""
+    from tqdm.auto import tqdm
+
+    for loop in loops.values():  # warm-up: first-call costs (allocations, lazy init) are not part of the race
+        loop(prompt, min(output_lens))
+    samples = {name: {n: [] for n in output_lens} for name in loops}
+    steps = [(r, n, name) for r in range(repeats) for n in output_lens for name in loops]
+    for _, n, name in tqdm(steps, desc="generation runs", disable=not progress):
+        samples[name][n].extend(benchmark(lambda: loops[name](prompt, n), device=prompt.device,
+                                          warmup=0, repeats=1).samples_ms)
+    return {name: [Timing(tuple(samples[name][n])) for n in output_lens] for name in loops}
+
+
+def format_race(output_lens, timings: dict[str, list[Timing]]) -> str:
+    """Median total times, then the speedups that matter."""
+    names = list(timings)
+    lines = [f"{'new tokens':>10} | " + " | ".join(f"{name:>25}" for name in names)]
+    for i, n in enumerate(output_lens):
+        lines.append(f"{n:>10} | " + " | ".join(f"{timings[name][i].median_ms:>22.0f} ms" for name in names))
+    lines.append("")
+    for i, n in enumerate(output_lens):
+        naive, pre = timings[NAIVE][i].median_ms, timings[PREALLOCATED][i].median_ms
+        grow, gen = timings[GROWING][i].median_ms, timings[GENERATE][i].median_ms
+        lines.append(f"{n:>4} new tokens: naive / preallocated = {naive / pre:5.2f}x, naive / growing = "
+                     f"{naive / grow:5.2f}x, preallocated / generate() = {pre / gen:4.2f}")
+    return "\n".join(lines)
+
+
+def plot_race(ax: plt.Axes, output_lens, timings: dict[str, list[Timing]]) -> None:
+    """Total time against output tokens: medians with p10-p90 bars."""
+    for (name, series), marker in zip(timings.items(), "osD^"):
+        medians = np.array([t.median_ms for t in series]) / 1e3
+        spread = np.array([t.spread_ms for t in series]) / 1e3
+        ax.errorbar(output_lens, medians, yerr=np.vstack([medians - spread[:, 0], spread[:, 1] - medians]),
+                    marker=marker, capsize=3, label=name)
+    ax.set_xlabel("output tokens generated")
+    ax.set_ylabel("total generation time (s, median; bars p10-p90)")
+    ax.set_xlim(left=0)
+    ax.set_ylim(bottom=0)
+    ax.legend(fontsize=8)
+    ax.grid(True, alpha=0.3)

@@ -1,0 +1,65 @@
+"""Greedy generation with a KV cache: prefill once, then one token per step.
+
+The week 01 loop (`infer.prefill_decode.naive_greedy_generate`) runs the model over the whole
+sequence at every step. This one runs it over the prompt once (the prefill, which fills the
+cache), and from then on over the single newest token, whose keys and values join the cache
+while it attends to everything stored there. Same tokens, far less work: the naive loop's cost
+grows with the square of the length, this one's linearly.
+"""
+
+import time
+
+import torch
+
+from infer.timing import synchronize
+
+
+@torch.no_grad()
+def cached_greedy_generate(model, prompt_ids: torch.Tensor, max_new_tokens: int, cache, *, seq_id: int = 0,
+                           timestamps: list[float] | None = None) -> torch.Tensor:
+    """Greedy decoding of one sequence with `model` (an infer.model.Transformer) and `cache`
+    (a KVCache or ConcatKVCache), in slot `seq_id`. Returns the new tokens, [1, max_new_tokens].
+
+    Positions and slot ids stay on the CPU and the chosen tokens on the device, so a step never
+    waits for the device unless `timestamps` (a list: the time.perf_counter() of each new token)
+    asks for it."""
+    if prompt_ids.dim() == 2 and prompt_ids.shape[0] != 1:
+        raise ValueError(f"one sequence at a time: prompt_ids must be [n] or [1, n], got {tuple(prompt_ids.shape)}")
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    device = model.embed.weight.device
+    prompt = prompt_ids.reshape(-1).to(device)
+    n = prompt.shape[0]
+
+    def step(token_ids: torch.Tensor, first_position: int) -> torch.Tensor:
+        positions = torch.arange(first_position, first_position + token_ids.shape[0])
+        slots = None if seq_id == 0 else torch.full_like(positions, seq_id)
+        last = torch.tensor([token_ids.shape[0] - 1])  # only the last position's logits are needed
+        next_token = model(token_ids, positions, cache, slots, logits_rows=last).argmax(dim=-1)
+        if timestamps is not None:
+            synchronize(device)
+            timestamps.append(time.perf_counter())
+        return next_token  # [1], on the device
+
+    tokens = [step(prompt, 0)]  # prefill: the whole prompt in one pass fills the cache
+    for i in range(1, max_new_tokens):  # decode: one new token per pass, at position n + i - 1
+        tokens.append(step(tokens[-1], n + i - 1))
+    return torch.cat(tokens)[None]
+
+
+@torch.no_grad()
+def reference_greedy_generate(hf_model, prompt_ids: torch.Tensor, max_new_tokens: int) -> torch.Tensor:
+    """`transformers`' greedy generate() (infer.hf.greedy_generate), guaranteed to return exactly
+    `max_new_tokens` tokens.
+
+    transformers 5 fills an `eos_token_id=None` in the GenerationConfig passed to generate() from
+    the model's own generation_config, so a random-weight model can still stop early at its EOS
+    id. Clearing the model's EOS for the duration of the call makes the comparison length-exact."""
+    from infer import hf
+
+    saved = hf_model.generation_config.eos_token_id
+    hf_model.generation_config.eos_token_id = None
+    try:
+        return hf.greedy_generate(hf_model, prompt_ids, max_new_tokens)
+    finally:
+        hf_model.generation_config.eos_token_id = saved
