@@ -34,8 +34,8 @@ class SpeedSizes:
 
 
 SPEED_SIZES = {
-    # The tiny model on two shared cores: the whole race takes some 20-30 s.
-    "cpu": SpeedSizes(prompt_len=16, output_lens=(25, 50, 100, 200), repeats=3),
+    # The tiny model on two shared cores: some 15-30 s for the whole race, depending on the load.
+    "cpu": SpeedSizes(prompt_len=16, output_lens=(16, 32, 64, 128), repeats=2),
     # The 1.5B model on one GPU: long enough for the naive loop's quadratic term to show.
     "gpu": SpeedSizes(prompt_len=256, output_lens=(64, 128, 256, 512), repeats=2),
 }
@@ -104,3 +104,37 @@ def plot_race(ax: plt.Axes, output_lens, timings: dict[str, list[Timing]]) -> No
     ax.set_ylim(bottom=0)
     ax.legend(fontsize=8)
     ax.grid(True, alpha=0.3)
+
+
+def cache_write_ms(model, context_lens, *, repeats: int = 15) -> dict[str, list[Timing]]:
+    """The time to store ONE new token's K and V in every layer when `context` tokens are already
+    cached: the per-step cost of each cache, isolated from the model's arithmetic."""
+    arch, weight = model.arch, model.embed.weight
+    shape = dict(dtype=weight.dtype, device=weight.device)
+    timings: dict[str, list[Timing]] = {GROWING: [], PREALLOCATED: []}
+    for context in context_lens:
+        past = torch.randn(arch.num_kv_heads, context, arch.head_dim, **shape)
+        new = torch.randn(arch.num_kv_heads, 1, arch.head_dim, **shape)
+        for name, cache in ((GROWING, ConcatKVCache.for_model(model)),
+                            (PREALLOCATED, KVCache.for_model(model, max_seqs=1, max_len=context + 1))):
+            for layer in range(arch.num_layers):
+                cache.write(layer, 0, 0, past, past)
+
+            def one_step(cache=cache):  # rewrites position `context` each time: every repeat sees the same state
+                for layer in range(arch.num_layers):
+                    cache.write(layer, 0, context, new, new)
+
+            timings[name].append(benchmark(one_step, device=weight.device, warmup=2, repeats=repeats))
+    return timings
+
+
+def plot_write_cost(ax: plt.Axes, context_lens, timings: dict[str, list[Timing]]) -> None:
+    for (name, series), marker in zip(timings.items(), "sD"):
+        ax.plot(context_lens, [t.median_ms for t in series], marker=marker, label=name)
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xticks(list(context_lens), [str(n) for n in context_lens])
+    ax.set_xlabel("tokens already in the cache")
+    ax.set_ylabel("time to add one token, all layers (ms, median)")
+    ax.legend(fontsize=8)
+    ax.grid(True, which="both", alpha=0.3)

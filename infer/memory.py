@@ -34,10 +34,24 @@ def bytes_per_element(dtype: torch.dtype | str) -> int:
     return dtype.itemsize
 
 
+def kv_token_bytes(num_layers: int, num_kv_heads: int, head_dim: int, element_bytes: int) -> int:
+    """The formula: one K and one V vector per KV head per layer, for each token."""
+    return 2 * num_layers * num_kv_heads * head_dim * element_bytes
+
+
+def sequences_that_fit(gpu_bytes: float, weight_bytes: float, reserve_bytes: float, kv_bytes_per_token: int,
+                       seq_len: int) -> int:
+    """The formula: whole sequences of `seq_len` tokens whose K and V fit beside weights and reserve."""
+    if seq_len < 1:
+        raise ValueError(f"seq_len must be >= 1, got {seq_len}")
+    free = gpu_bytes - weight_bytes - reserve_bytes
+    return max(0, int(free // kv_bytes_per_token)) // seq_len
+
+
 def kv_bytes_per_token(config: PretrainedConfig, dtype: torch.dtype | str) -> int:
     """Bytes of K and V that one token leaves in the cache, over all layers."""
     arch = Arch.from_config(config)
-    return 2 * arch.num_layers * arch.num_kv_heads * arch.head_dim * bytes_per_element(dtype)
+    return kv_token_bytes(arch.num_layers, arch.num_kv_heads, arch.head_dim, bytes_per_element(dtype))
 
 
 def num_parameters(config: PretrainedConfig) -> int:
@@ -65,9 +79,8 @@ def kv_tokens_that_fit(config: PretrainedConfig, dtype: torch.dtype | str, gpu_g
 def max_concurrent_sequences(config: PretrainedConfig, dtype: torch.dtype | str, gpu_gb: float, seq_len: int,
                              reserve_gb: float) -> int:
     """How many sequences of `seq_len` tokens (prompt + output) can hold their whole cache at once."""
-    if seq_len < 1:
-        raise ValueError(f"seq_len must be >= 1, got {seq_len}")
-    return kv_tokens_that_fit(config, dtype, gpu_gb, reserve_gb) // seq_len
+    return sequences_that_fit(gpu_gb * GB, weight_bytes(config, dtype), reserve_gb * GB,
+                              kv_bytes_per_token(config, dtype), seq_len)
 
 
 @dataclass(frozen=True)
@@ -96,9 +109,67 @@ def memory_plan(name: str, config: PretrainedConfig, dtype: torch.dtype | str, g
 
 def format_plans(plans: list[MemoryPlan]) -> str:
     """The plans as a plain-text table."""
+    seqs_header = f"seqs of {plans[0].seq_len}" if plans else "sequences"
     lines = [f"{'model':<14} {'dtype':<6} {'card GB':>7} {'weights GB':>10} {'KV B/token':>10} "
-             f"{'tokens that fit':>15} {'seqs of ' + str(plans[0].seq_len) if plans else 'seqs':>13}"]
+             f"{'tokens that fit':>15} {seqs_header:>13}"]
     for p in plans:
         lines.append(f"{p.model:<14} {p.dtype:<6} {p.gpu_gb:>7.0f} {p.weight_gb:>10.2f} {p.kv_bytes_per_token:>10,} "
                      f"{p.kv_tokens:>15,} {p.sequences:>13,}")
     return "\n".join(lines)
+
+
+# ---------------------------------------------------------------- checked against the allocator
+
+
+@dataclass(frozen=True)
+class MeasuredMemory:
+    """What CUDA's allocator saw during one real generation, next to the calculator's numbers."""
+
+    weight_bytes_allocated: int  # the model's parameters as they sit on the device
+    weight_bytes_predicted: int
+    cache_bytes_allocated: int  # memory_allocated() growth when the cache was created
+    cache_bytes_predicted: int  # KV bytes per token x capacity
+    peak_above_cache: int  # max_memory_allocated() during generation, above weights + cache: activations
+
+    def __str__(self) -> str:
+        mb = 1e6
+        return (f"weights: allocated {self.weight_bytes_allocated / mb:,.1f} MB, predicted {self.weight_bytes_predicted / mb:,.1f} MB\n"
+                f"KV cache: allocated {self.cache_bytes_allocated / mb:,.1f} MB, predicted {self.cache_bytes_predicted / mb:,.1f} MB\n"
+                f"activation peak during generation (above weights + cache): {self.peak_above_cache / mb:,.1f} MB")
+
+
+def measure_cuda_generation_memory(hf_model, prompt_ids: torch.Tensor, max_new_tokens: int) -> MeasuredMemory:
+    """Build the course model from `hf_model` (on CUDA), allocate a KVCache for one sequence,
+    generate with it, and read torch.cuda's allocator counters at each stage."""
+    from infer.generate import cached_greedy_generate
+    from infer.kv_cache import KVCache
+    from infer.model import Transformer
+
+    device = next(hf_model.parameters()).device
+    if device.type != "cuda":
+        raise RuntimeError(f"the model is on {device}; this measurement needs CUDA")
+    dtype = next(hf_model.parameters()).dtype
+    capacity = prompt_ids.shape[-1] + max_new_tokens
+
+    def allocated() -> int:
+        torch.cuda.synchronize(device)
+        return torch.cuda.memory_allocated(device)
+
+    start = allocated()
+    model = Transformer.from_hf(hf_model)
+    with_weights = allocated()
+    cache = KVCache.for_model(model, max_seqs=1, max_len=capacity)
+    with_cache = allocated()
+    torch.cuda.reset_peak_memory_stats(device)
+    cached_greedy_generate(model, prompt_ids, max_new_tokens, cache)
+    peak = torch.cuda.max_memory_allocated(device)
+    result = MeasuredMemory(
+        weight_bytes_allocated=with_weights - start,
+        weight_bytes_predicted=weight_bytes(hf_model.config, dtype),
+        cache_bytes_allocated=with_cache - with_weights,
+        cache_bytes_predicted=kv_bytes_per_token(hf_model.config, dtype) * capacity,
+        peak_above_cache=peak - with_cache,
+    )
+    del model, cache
+    torch.cuda.empty_cache()
+    return result

@@ -1,0 +1,186 @@
+"""Lab 02 code checks: a preallocated KV cache, the cached decode loop, the memory bill.
+
+Each check runs the student's code against the library's (infer.kv_cache, infer.generate,
+infer.memory) on fresh random inputs and prints one line."""
+
+import numbers
+import random
+
+import torch
+
+from infer import memory
+from infer.checks import Case, Verdict, check_function, close_to, same_tokens
+from infer.generate import cached_greedy_generate, reference_greedy_generate
+from infer.kv_cache import KVCache
+from infer.model import Arch, Transformer
+from infer.models import MODEL_SPECS
+from infer.prompts import random_prompt_ids
+
+
+# ---------------------------------------------------------------- the cache
+
+
+def grade_kv_cache(student_cache_class, hf_model, qid: str = "02.lab.kv_cache", rounds: int = 3) -> Verdict:
+    """Random writes and reads against infer.kv_cache.KVCache, a write past capacity, and a real
+    generation through the student's cache."""
+    rng = random.Random()
+    try:
+        for _ in range(rounds):
+            verdict = _random_writes_and_reads(student_cache_class, rng, qid)
+            if verdict is not None:
+                return verdict
+        verdict = _write_past_capacity(student_cache_class, qid)
+        if verdict is not None:
+            return verdict
+        return _generation_through(student_cache_class, hf_model, rng, qid)
+    except NotImplementedError as exc:
+        return Verdict(qid, False, f"not implemented yet ({exc})" if str(exc) else "not implemented yet")
+
+
+def check_kv_cache(student_cache_class, hf_model) -> None:
+    print(grade_kv_cache(student_cache_class, hf_model).line)
+
+
+def _random_writes_and_reads(cache_class, rng: random.Random, qid: str) -> Verdict | None:
+    layers, seqs, max_len, kv_heads, head_dim = rng.randint(1, 3), rng.randint(1, 4), rng.randint(8, 40), rng.randint(1, 4), rng.choice([2, 4, 8])
+    shape_text = f"num_layers={layers}, max_seqs={seqs}, max_len={max_len}, kv_heads={kv_heads}, head_dim={head_dim}"
+    try:
+        theirs = cache_class(layers, seqs, max_len, kv_heads, head_dim)
+    except NotImplementedError:
+        raise
+    except Exception as exc:  # the student's bug, as one line
+        return Verdict(qid, False, f"creating a cache with {shape_text} raised {type(exc).__name__}: {exc}")
+    ours = KVCache(layers, seqs, max_len, kv_heads, head_dim)
+    filled = [0] * seqs
+    for _ in range(12):
+        layer, seq = rng.randrange(layers), rng.randrange(seqs)
+        if filled[seq] >= max_len:
+            continue
+        start = filled[seq]
+        n = rng.randint(1, min(6, max_len - start))
+        k, v = torch.randn(kv_heads, n, head_dim), torch.randn(kv_heads, n, head_dim)
+        what = f"write(layer={layer}, seq_id={seq}, start={start}, k, v) of {n} positions ({shape_text})"
+        for layer_all in range(layers):  # the model writes every layer; keep the two caches in step
+            ours.write(layer_all, seq, start, k, v)
+        try:
+            for layer_all in range(layers):
+                theirs.write(layer_all, seq, start, k, v)
+            got_k, got_v = theirs.read(layer, seq, start + n)
+        except NotImplementedError:
+            raise
+        except Exception as exc:
+            return Verdict(qid, False, f"{what} then read raised {type(exc).__name__}: {exc}")
+        filled[seq] = start + n
+        want_k, want_v = ours.read(layer, seq, start + n)
+        for label, got, want in (("keys", got_k, want_k), ("values", got_v, want_v)):
+            if not isinstance(got, torch.Tensor) or tuple(got.shape) != tuple(want.shape):
+                shape = tuple(got.shape) if isinstance(got, torch.Tensor) else type(got).__name__
+                return Verdict(qid, False, f"after {what}, read(layer, seq_id, end={start + n}) returned {label} "
+                                           f"of shape {shape}, expected [kv_heads, end, head_dim] = {tuple(want.shape)}")
+            if not torch.equal(got, want):
+                return Verdict(qid, False, f"after {what}, read(layer, seq_id, end={start + n}) returned the wrong "
+                                           f"{label}: did the write land at positions start..start+n-1 of that slot?")
+    return None
+
+
+def _write_past_capacity(cache_class, qid: str) -> Verdict | None:
+    cache = cache_class(1, 2, 8, 2, 4)
+    cache.write(0, 1, 0, torch.randn(2, 6, 4), torch.randn(2, 6, 4))
+    try:
+        cache.write(0, 1, 6, torch.randn(2, 3, 4), torch.randn(2, 3, 4))  # positions 6, 7, 8 of a max_len=8 slot
+    except NotImplementedError:
+        raise
+    except Exception:
+        return None
+    return Verdict(qid, False, "writing positions 6..8 into a slot of max_len=8 did not raise: a write past capacity "
+                               "must raise an error, never drop or overwrite anything silently")
+
+
+def _generation_through(cache_class, hf_model, rng: random.Random, qid: str) -> Verdict:
+    model = Transformer.from_hf(hf_model)
+    arch: Arch = model.arch
+    length, new_tokens = rng.randint(3, 30), rng.randint(3, 10)
+    prompt = random_prompt_ids(hf_model.config, length, seed=rng.randrange(2**31))
+    cache = cache_class(arch.num_layers, 1, length + new_tokens, arch.num_kv_heads, arch.head_dim)
+    try:
+        got = cached_greedy_generate(model, prompt, new_tokens, cache)
+    except Exception as exc:
+        return Verdict(qid, False, f"generating through your cache raised {type(exc).__name__}: {exc}")
+    problem = same_tokens(got, reference_greedy_generate(hf_model, prompt, new_tokens))
+    if problem:
+        return Verdict(qid, False, f"the model generating through your cache ({length}-token prompt): {problem}")
+    return Verdict(qid, True, "writes and reads match the library's KVCache, a write past capacity raises, and "
+                              "generation through your cache is token-identical to generate()")
+
+
+# ---------------------------------------------------------------- the cached decode loop
+
+
+def check_cached_loop(student_generate, hf_model, prompts: int = 5) -> None:
+    """The student's `(model, prompt_ids, max_new_tokens, cache)` loop vs transformers' generate()."""
+    model = Transformer.from_hf(hf_model)
+    rng = random.Random()
+    cases = []
+    for _ in range(prompts):
+        length, new_tokens = rng.randint(1, 48), rng.randint(2, 12)
+        ids = random_prompt_ids(hf_model.config, length, seed=rng.randrange(2**31))
+        cache = KVCache.for_model(model, max_seqs=1, max_len=length + new_tokens)  # exactly enough room
+        cases.append(Case(f"a {length}-token prompt with max_new_tokens={new_tokens}", (model, ids, new_tokens, cache)))
+
+    def reference(_model, ids, new_tokens, _cache):
+        return reference_greedy_generate(hf_model, ids, new_tokens)
+
+    check_function("02.lab.cached_loop", student_generate, reference, cases, same_tokens,
+                   f"tokens identical to transformers' generate() on {prompts} random prompts, with a cache "
+                   f"of exactly prompt + new tokens positions")
+
+
+# ---------------------------------------------------------------- the memory bill
+
+
+def _shipped_shapes():
+    for name, spec in MODEL_SPECS.items():
+        arch = Arch.from_config(spec.config())
+        yield name, arch
+
+
+def check_kv_bytes(student_kv_bytes_per_token) -> None:
+    rng = random.Random()
+    cases = []
+    for name, arch in _shipped_shapes():
+        width = rng.choice([1, 2, 4])
+        cases.append(Case(f"{name} ({arch.num_layers} layers, {arch.num_kv_heads} KV heads, head dim "
+                          f"{arch.head_dim}, {width} bytes per element)",
+                          (arch.num_layers, arch.num_kv_heads, arch.head_dim, width)))
+    for _ in range(3):
+        args = (rng.randint(1, 96), rng.randint(1, 16), rng.choice([64, 80, 96, 128, 256]), rng.choice([1, 2, 4]))
+        cases.append(Case("layers={}, kv_heads={}, head_dim={}, bytes={}".format(*args), args))
+    check_function("02.lab.kv_bytes", student_kv_bytes_per_token, memory.kv_token_bytes, cases,
+                   close_to(1e-9, unit="bytes"), f"KV bytes per token match on {len(cases)} model shapes")
+
+
+def check_concurrency(student_max_concurrent_sequences) -> None:
+    rng = random.Random()
+    cases = []
+    for name, spec in MODEL_SPECS.items():
+        if name == "tiny":
+            continue
+        config, dtype = spec.config(), rng.choice(["bf16", "fp16", "fp32"])
+        gpu_gb, seq_len, reserve_gb = rng.choice([24, 40, 80, 141]), rng.choice([1024, 2048, 4096, 8192]), rng.choice([1, 2, 4])
+        args = (gpu_gb * memory.GB, memory.weight_bytes(config, dtype), reserve_gb * memory.GB,
+                memory.kv_bytes_per_token(config, dtype), seq_len)
+        cases.append(Case(f"{name} in {dtype} on a {gpu_gb} GB card, {reserve_gb} GB reserve, {seq_len}-token sequences", args))
+    cases.append(Case("a card too small for the weights (16 GB card, 15 GB of weights, 2 GB reserve)",
+                      (16e9, 15e9, 2e9, 28_672, 1024)))
+    check_function("02.lab.concurrency", student_max_concurrent_sequences, memory.sequences_that_fit, cases,
+                   _whole_sequences, f"whole sequences that fit match on {len(cases)} model/card combinations")
+
+
+def _whole_sequences(got, expected) -> str | None:
+    if isinstance(got, bool) or not isinstance(got, numbers.Real):
+        return f"expected a whole number of sequences, got {type(got).__name__} {got!r}"
+    if got != int(got):
+        return f"got {got:,.3f} sequences: a fraction of a sequence cannot run, round down to whole sequences"
+    if got != expected:
+        return f"got {got:,.0f} sequences, expected {expected:,}"
+    return None

@@ -1,0 +1,62 @@
+"""Deliberately wrong answers, substituted into solution 02, must fail exactly their own checks."""
+
+import nbformat
+
+from infer.labgen import replace_solution_blocks
+from tests.nbval_runner import cell_results, check_cell_ids
+from tests.notebook_files import REPO_ROOT
+from tests.test_wrong_answers import with_solutions_replaced
+
+# Plausible mistakes, one per task of lab 02 (cell id -> replacement solution block).
+LAB02_MISTAKES = {
+    "q1": "answer_q1 = 100 + 50 - 1  # the cached count, not the naive one",
+    "q2": 'answer_q2 = "q, k and v"',
+    "q3": "answer_q3 = 28 * 2 * 128 * 2  # forgot that V is cached too",
+    "q4": "answer_q4 = 2 * 24 * 2 * 64 * 2 * 32_768  # bytes, not GB",
+    "q5": "answer_q5 = 2 / 12",
+    "q6": "answer_q6 = int((80e9 - 2e9) // (2 * 28 * 2 * 128 * 2)) // 4096  # forgot the weights",
+    "cached-loop": """    prompt = prompt_ids.reshape(-1)
+    n = prompt.shape[0]
+    logits = model(prompt, torch.arange(n), cache)
+    token = logits[-1].argmax().reshape(1)
+    new_tokens = [token]
+    for i in range(1, max_new_tokens):
+        logits = model(token, torch.tensor([n + i]), cache)  # one position too far: skips position n
+        token = logits[-1].argmax().reshape(1)
+        new_tokens.append(token)
+    return torch.cat(new_tokens)[None]""",
+    "kv-bytes": "    return num_layers * num_kv_heads * head_dim * bytes_per_element  # only K",
+    "concurrency": "    return (gpu_bytes - weight_bytes - reserve_bytes) / kv_bytes_per_token / seq_len  # fractions, negatives",
+}
+# The cache cell has three blocks (__init__, write, read): only write goes wrong, silently clipping at capacity.
+CACHE_WITH_SILENT_CLIPPING = [
+    """        shape = (max_seqs, kv_heads, max_len, head_dim)
+        self.k = [torch.zeros(shape) for _ in range(num_layers)]
+        self.v = [torch.zeros(shape) for _ in range(num_layers)]
+        self.max_len = max_len""",
+    """        end = min(start + k.shape[1], self.max_len)  # drops whatever does not fit, without a word
+        self.k[layer][seq_id, :, start:end] = k[:, : end - start]
+        self.v[layer][seq_id, :, start:end] = v[:, : end - start]""",
+    """        return self.k[layer][seq_id, :, :end], self.v[layer][seq_id, :, :end]""",
+]
+LAB02_CHECK_OF_TASK = {"kv-cache": "check-kv-cache", "cached-loop": "check-cached-loop", "kv-bytes": "check-kv-bytes",
+                       "concurrency": "check-concurrency"}
+
+
+def test_lab02_wrong_answers_fail_exactly_their_checks(tmp_path):
+    solution = nbformat.read(REPO_ROOT / "solutions" / "02_kv_cache.ipynb", as_version=4)
+    mutated = with_solutions_replaced(nbformat.read(REPO_ROOT / "solutions" / "02_kv_cache.ipynb", as_version=4),
+                                      LAB02_MISTAKES)
+    cache_cell = next(cell for cell in mutated.cells if cell.id == "kv-cache")
+    blocks = iter(CACHE_WITH_SILENT_CLIPPING)
+    cache_cell.source = replace_solution_blocks(cache_cell.source, lambda block, indent: [next(blocks)])
+    mutated_path = tmp_path / "02_wrong.ipynb"
+    nbformat.write(mutated, mutated_path)
+
+    results = cell_results(mutated_path, tmp_path)
+    should_fail = {LAB02_CHECK_OF_TASK.get(cell_id, cell_id) for cell_id in [*LAB02_MISTAKES, "kv-cache"]}
+    for check in check_cell_ids(solution):
+        if check in should_fail:
+            assert results[check] is False, f"check cell {check!r} passed a deliberately wrong answer"
+        else:
+            assert results[check] is True, f"check cell {check!r} failed although its task was left correct"
