@@ -13,6 +13,8 @@ network; every time in a record is a real clock reading, nothing is simulated.
 Per-token timestamps come from a `transformers` streamer: `generate()` calls `put()` once with the
 prompt, then once per new token with that token already copied to the host. The copy waits for the
 device, so each timestamp is taken after the token really exists (the device is synchronized).
+(Checked on transformers 5.24, tests/test_benchmark.py. On Apple's "mps" device transformers streams
+each token one step late to avoid that wait, so timestamps there lag by one decode step.)
 """
 
 import time
