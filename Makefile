@@ -21,7 +21,7 @@ $(INSTALLED): pyproject.toml
 # committed notebooks stay as they are), then build the HTML site from those copies.
 site: $(INSTALLED)
 	rm -rf $(BUILD)/notebooks
-	INFER_FIGURES_DIR=$(BUILD)/figures $(PY) -m infer.notebooks run --out $(BUILD)/notebooks weeks/*.ipynb solutions/*.ipynb
+	INFER_FIGURES_DIR=$(BUILD)/figures INFER_RESULTS_DIR=$(BUILD)/results $(PY) -m infer.notebooks run --out $(BUILD)/notebooks weeks/*.ipynb solutions/*.ipynb
 	mkdir -p $(BUILD)/notebooks/labs && cp labs/*.ipynb $(BUILD)/notebooks/labs/
 	$(PY) site/build.py --notebooks $(BUILD)/notebooks --out $(BUILD)/html
 
