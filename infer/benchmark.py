@@ -22,9 +22,9 @@ from collections import deque
 from dataclasses import asdict, dataclass
 
 import torch
-from transformers import GenerationConfig
 from transformers.generation.streamers import BaseStreamer
 
+from infer import hf
 from infer.metrics import calculate_metrics, slo_from_profile
 from infer.profiles import BenchmarkGrid
 from infer.prompts import random_prompt_ids
@@ -61,11 +61,7 @@ def generate_with_timestamps(model, prompt_ids: torch.Tensor, output_len: int) -
     if prompt_ids.shape[0] != 1:
         raise ValueError(f"one request at a time: expected prompt_ids of shape [1, n], got {tuple(prompt_ids.shape)}")
     streamer = TokenTimestamps()
-    config = GenerationConfig(do_sample=False, max_new_tokens=output_len, min_new_tokens=output_len,
-                              eos_token_id=None, pad_token_id=0)
-    out = model.generate(prompt_ids, attention_mask=torch.ones_like(prompt_ids), generation_config=config,
-                         streamer=streamer)
-    return out[:, prompt_ids.shape[1]:], streamer
+    return hf.greedy_generate(model, prompt_ids, output_len, streamer=streamer), streamer
 
 
 def serve_one(model, prompt_ids: torch.Tensor, output_len: int, send_time: float) -> RequestRecord:

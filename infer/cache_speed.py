@@ -15,7 +15,8 @@ import matplotlib.pyplot as plt
 import numpy as np
 import torch
 
-from infer.generate import cached_greedy_generate, reference_greedy_generate
+from infer import hf
+from infer.generate import cached_greedy_generate
 from infer.kv_cache import ConcatKVCache, KVCache
 from infer.prefill_decode import naive_greedy_generate
 from infer.timing import Timing, benchmark
@@ -56,7 +57,7 @@ def generation_loops(hf_model, model) -> dict[str, Callable[[torch.Tensor, int],
         GROWING: lambda prompt, n: cached_greedy_generate(model, prompt, n, ConcatKVCache.for_model(model)),
         PREALLOCATED: lambda prompt, n: cached_greedy_generate(model, prompt, n,
                                                                KVCache.for_model(model, 1, prompt.shape[-1] + n)),
-        GENERATE: lambda prompt, n: reference_greedy_generate(hf_model, prompt, n),
+        GENERATE: lambda prompt, n: hf.greedy_generate(hf_model, prompt, n),
     }
 
 

@@ -45,21 +45,3 @@ def cached_greedy_generate(model, prompt_ids: torch.Tensor, max_new_tokens: int,
     for i in range(1, max_new_tokens):  # decode: one new token per pass, at position n + i - 1
         tokens.append(step(tokens[-1], n + i - 1))
     return torch.cat(tokens)[None]
-
-
-@torch.no_grad()
-def reference_greedy_generate(hf_model, prompt_ids: torch.Tensor, max_new_tokens: int) -> torch.Tensor:
-    """`transformers`' greedy generate() (infer.hf.greedy_generate), guaranteed to return exactly
-    `max_new_tokens` tokens.
-
-    transformers 5 fills an `eos_token_id=None` in the GenerationConfig passed to generate() from
-    the model's own generation_config, so a random-weight model can still stop early at its EOS
-    id. Clearing the model's EOS for the duration of the call makes the comparison length-exact."""
-    from infer import hf
-
-    saved = hf_model.generation_config.eos_token_id
-    hf_model.generation_config.eos_token_id = None
-    try:
-        return hf.greedy_generate(hf_model, prompt_ids, max_new_tokens)
-    finally:
-        hf_model.generation_config.eos_token_id = saved

@@ -20,11 +20,13 @@ def forward(model, input_ids: torch.Tensor, cache: DynamicCache | None = None) -
 
 
 @torch.no_grad()
-def greedy_generate(model, prompt_ids: torch.Tensor, max_new_tokens: int) -> torch.Tensor:
+def greedy_generate(model, prompt_ids: torch.Tensor, max_new_tokens: int, streamer=None) -> torch.Tensor:
     """`transformers`' own greedy `generate()`, returning only the new tokens [batch, max_new_tokens].
 
     End-of-sequence is disabled so that exactly `max_new_tokens` come back: random-weight models
-    emit EOS by chance, and a comparison needs equal lengths."""
-    config = GenerationConfig(do_sample=False, max_new_tokens=max_new_tokens, eos_token_id=None, pad_token_id=0)
-    out = model.generate(prompt_ids, attention_mask=torch.ones_like(prompt_ids), generation_config=config)
+    emit EOS by chance, and a comparison needs equal lengths. It takes an empty list: transformers
+    5 replaces `eos_token_id=None` with the model's own EOS id. A `streamer` sees every token."""
+    config = GenerationConfig(do_sample=False, max_new_tokens=max_new_tokens, eos_token_id=[], pad_token_id=0)
+    out = model.generate(prompt_ids, attention_mask=torch.ones_like(prompt_ids), generation_config=config,
+                         streamer=streamer)
     return out[:, prompt_ids.shape[1]:]

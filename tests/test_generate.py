@@ -6,8 +6,8 @@ import torch
 
 matplotlib.use("agg")
 
-from infer import cache_speed  # noqa: E402
-from infer.generate import cached_greedy_generate, reference_greedy_generate  # noqa: E402
+from infer import cache_speed, hf  # noqa: E402
+from infer.generate import cached_greedy_generate  # noqa: E402
 from infer.kv_cache import ConcatKVCache, KVCache  # noqa: E402
 from infer.model import Transformer  # noqa: E402
 from infer.prompts import random_prompt_ids  # noqa: E402
@@ -25,7 +25,7 @@ def test_cached_generation_is_token_identical_to_generate_on_20_random_prompts(m
     lengths = [1, 2, 3, 5, 8, 11, 16, 23, 31, 40, 47, 55, 64, 77, 90, 101, 128, 150, 200, 255]
     for seed, length in enumerate(lengths):
         prompt = random_prompt_ids(hf_model.config, length, seed=100 + seed)
-        expected = reference_greedy_generate(hf_model, prompt, NEW_TOKENS)
+        expected = hf.greedy_generate(hf_model, prompt, NEW_TOKENS)
         for label, cache in (("preallocated", KVCache.for_model(ours, 1, length + NEW_TOKENS)),
                              ("growing", ConcatKVCache.for_model(ours))):
             got = cached_greedy_generate(ours, prompt, NEW_TOKENS, cache)
@@ -39,7 +39,7 @@ def test_reference_always_returns_the_asked_number_of_tokens(models):
     hf_model, _ = models
     for seed in range(8):  # random weights emit the EOS id by chance; the reference must not stop there
         prompt = random_prompt_ids(hf_model.config, 30, seed=seed)
-        assert reference_greedy_generate(hf_model, prompt, 24).shape == (1, 24)
+        assert hf.greedy_generate(hf_model, prompt, 24).shape == (1, 24)
     assert hf_model.generation_config.eos_token_id is not None, "the model's own EOS must be restored afterwards"
 
 
@@ -49,7 +49,7 @@ def test_another_slot_and_timestamps(models):
     cache = KVCache.for_model(ours, 4, 32)
     stamps: list[float] = []
     got = cached_greedy_generate(ours, prompt, 6, cache, seq_id=3, timestamps=stamps)
-    assert torch.equal(got, reference_greedy_generate(hf_model, prompt, 6))
+    assert torch.equal(got, hf.greedy_generate(hf_model, prompt, 6))
     assert cache.lengths == [0, 0, 0, 17], "slot 3 holds the prompt and 5 fed-back tokens; the others stay empty"
     assert len(stamps) == 6 and stamps == sorted(stamps)
     with pytest.raises(ValueError, match="one sequence"):

@@ -28,3 +28,9 @@ def test_greedy_generate_returns_exactly_the_new_tokens(tiny):
     new = hf.greedy_generate(tiny.model, ids, 9)
     assert new.shape == (1, 9)
     assert len(set(new[0].tolist())) > 1, "tiny's random init should not collapse to one repeated token"
+
+
+def test_greedy_generate_ignores_eos(tiny):
+    # With eos_token_id=None, transformers 5 falls back to the model's EOS and this prompt stops after 3 tokens.
+    ids = random_prompt_ids(tiny.config, 38, seed=58)
+    assert hf.greedy_generate(tiny.model, ids, 24).shape == (1, 24), "generate() stopped early at EOS"

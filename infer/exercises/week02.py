@@ -8,9 +8,9 @@ import random
 
 import torch
 
-from infer import memory
+from infer import hf, memory
 from infer.checks import Case, Verdict, check_function, close_to, same_tokens
-from infer.generate import cached_greedy_generate, reference_greedy_generate
+from infer.generate import cached_greedy_generate
 from infer.kv_cache import KVCache
 from infer.model import Arch, Transformer
 from infer.models import MODEL_SPECS
@@ -106,7 +106,7 @@ def _generation_through(cache_class, hf_model, rng: random.Random, qid: str) -> 
         got = cached_greedy_generate(model, prompt, new_tokens, cache)
     except Exception as exc:
         return Verdict(qid, False, f"generating through your cache raised {type(exc).__name__}: {exc}")
-    problem = same_tokens(got, reference_greedy_generate(hf_model, prompt, new_tokens))
+    problem = same_tokens(got, hf.greedy_generate(hf_model, prompt, new_tokens))
     if problem:
         return Verdict(qid, False, f"the model generating through your cache ({length}-token prompt): {problem}")
     return Verdict(qid, True, "writes and reads match the library's KVCache, a write past capacity raises, and "
@@ -128,7 +128,7 @@ def check_cached_loop(student_generate, hf_model, prompts: int = 5) -> None:
         cases.append(Case(f"a {length}-token prompt with max_new_tokens={new_tokens}", (model, ids, new_tokens, cache)))
 
     def reference(_model, ids, new_tokens, _cache):
-        return reference_greedy_generate(hf_model, ids, new_tokens)
+        return hf.greedy_generate(hf_model, ids, new_tokens)
 
     check_function("02.lab.cached_loop", student_generate, reference, cases, same_tokens,
                    f"tokens identical to transformers' generate() on {prompts} random prompts, with a cache "
