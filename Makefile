@@ -37,8 +37,10 @@ lab: $(INSTALLED)
 	$(PY) -m pip install --quiet -e ".[lab]"
 	$(VENV)/bin/jupyter lab
 
+# One torch thread per test worker: two workers with two threads each on a 2-core machine slow
+# small operations tenfold.
 test: $(INSTALLED)
-	$(PY) -m pytest -n 2 --dist loadfile
+	OMP_NUM_THREADS=1 $(PY) -m pytest -n 2 --dist loadfile
 
 clean:
 	rm -rf $(BUILD)

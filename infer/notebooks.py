@@ -21,6 +21,7 @@ def execute(path: Path, out_path: Path) -> float:
     notebook = nbformat.read(path, as_version=4)
     started = time.perf_counter()
     client = NotebookClient(notebook, timeout=CELL_TIMEOUT_S, kernel_name="python3", store_widget_state=True,
+                            shutdown_kernel="immediate",  # a graceful shutdown was seen to hang under load
                             resources={"metadata": {"path": str(path.parent.resolve())}})
     client.execute()
     out_path.parent.mkdir(parents=True, exist_ok=True)

@@ -2,23 +2,17 @@
 
 import random
 
-from infer import hf
-from infer.checks import Case, check_function, close_to, same_tokens
-from infer.prefill_decode import ttft_and_tpot_ms
-from infer.prompts import random_prompt_ids
+from infer.checks import Case, check_function, close_to
+from infer.prefill_decode import ttft_and_tpot_ms, verify_naive_loop
 from infer.roofline import matmul_arithmetic_intensity
 
 
 def check_naive_loop(naive_greedy_generate, model, prompts: int = 5) -> None:
     """Tokens of the student's loop must equal transformers' greedy generate() on fresh prompts."""
     rng = random.Random()
-    cases = []
-    for _ in range(prompts):
-        length, new_tokens = rng.randint(3, 40), rng.randint(2, 10)
-        ids = random_prompt_ids(model.config, length, seed=rng.randrange(2**31))
-        cases.append(Case(f"a {length}-token prompt with max_new_tokens={new_tokens}", (model, ids, new_tokens)))
-    check_function("01.lab.naive_loop", naive_greedy_generate, lambda m, ids, n: hf.greedy_generate(m, ids, n),
-                   cases, same_tokens, f"tokens identical to transformers' generate() on {prompts} random prompts")
+    lengths = tuple(rng.randint(3, 40) for _ in range(prompts))
+    print(verify_naive_loop(model, model.config, naive_greedy_generate, qid="01.lab.naive_loop",
+                            prompt_lens=lengths, seed=rng.randrange(2**31)).line)
 
 
 def check_ttft_tpot(student_ttft_and_tpot_ms, requests: int = 6) -> None:
