@@ -17,6 +17,8 @@ import numpy as np
 import torch
 from transformers import PretrainedConfig
 
+from infer.memory import kv_token_bytes
+from infer.model import Arch
 from infer.timing import benchmark
 
 
@@ -35,28 +37,24 @@ class ForwardCost:
         return self.flops / self.bytes
 
 
-def head_dim(config: PretrainedConfig) -> int:
-    return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-
-
 def linear_parameters(config: PretrainedConfig) -> int:
     """Weights that multiply every token: attention projections, MLP, and the output head."""
-    hidden, inter, hd = config.hidden_size, config.intermediate_size, head_dim(config)
-    q_and_o = 2 * hidden * config.num_attention_heads * hd
-    k_and_v = 2 * hidden * config.num_key_value_heads * hd
-    mlp = 3 * hidden * inter  # gate, up and down projections (SwiGLU)
-    return config.num_hidden_layers * (q_and_o + k_and_v + mlp) + hidden * config.vocab_size
+    a = Arch.from_config(config)
+    q_and_o = 2 * a.hidden_size * a.num_heads * a.head_dim
+    k_and_v = 2 * a.hidden_size * a.num_kv_heads * a.head_dim
+    mlp = 3 * a.hidden_size * a.intermediate_size  # gate, up and down projections (SwiGLU)
+    return a.num_layers * (q_and_o + k_and_v + mlp) + a.hidden_size * a.vocab_size
 
 
 def forward_cost(config: PretrainedConfig, new_tokens: int, context_tokens: int, bytes_per_element: int) -> ForwardCost:
     """FLOPs and bytes moved by one forward pass (batch 1) over `new_tokens` tokens that attend
     to `context_tokens` earlier ones held in a KV cache. Activations other than K/V are ignored:
     they are small next to the weights at these sizes."""
-    hd, layers = head_dim(config), config.num_hidden_layers
+    a = Arch.from_config(config)
     attended = context_tokens + (new_tokens + 1) / 2  # on average, with the causal mask
-    attention_flops = 4 * layers * config.num_attention_heads * hd * new_tokens * attended  # QK^T and PV
+    attention_flops = 4 * a.num_layers * a.num_heads * a.head_dim * new_tokens * attended  # QK^T and PV
     flops = 2 * linear_parameters(config) * new_tokens + attention_flops
-    kv_bytes_per_token = 2 * layers * config.num_key_value_heads * hd * bytes_per_element
+    kv_bytes_per_token = kv_token_bytes(a.num_layers, a.num_kv_heads, a.head_dim, bytes_per_element)
     weight_bytes = linear_parameters(config) * bytes_per_element
     moved = weight_bytes + kv_bytes_per_token * (context_tokens + new_tokens)  # read the cache, write the new K/V
     return ForwardCost(flops=flops, bytes=moved)
