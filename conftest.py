@@ -9,3 +9,7 @@ os.environ.setdefault("INFER_PROFILE", "cpu")
 # Notebooks and tests write figures and results here, never over the committed ones.
 os.environ["INFER_FIGURES_DIR"] = tempfile.mkdtemp(prefix="infer-test-figures-")
 os.environ["INFER_RESULTS_DIR"] = tempfile.mkdtemp(prefix="infer-test-results-")
+
+import matplotlib  # noqa: E402
+
+matplotlib.use("agg")  # tests draw figures without a screen

@@ -178,8 +178,6 @@ def _measure(impl: AttentionImpl, config: SweepConfig, seq_len: int) -> SweepPoi
     except torch.cuda.OutOfMemoryError:
         torch.cuda.empty_cache()
         return SweepPoint(impl.name, seq_len, "oom", note="torch.cuda.OutOfMemoryError")
-    finally:
-        del q, k, v
     return SweepPoint(impl.name, seq_len, "ok", timing, peak)
 
 

@@ -4,13 +4,12 @@ import matplotlib
 import pytest
 import torch
 
-matplotlib.use("agg")
 
-from infer import cache_speed, hf  # noqa: E402
-from infer.generate import cached_greedy_generate  # noqa: E402
-from infer.kv_cache import ConcatKVCache, KVCache  # noqa: E402
-from infer.model import Transformer  # noqa: E402
-from infer.prompts import random_prompt_ids  # noqa: E402
+from infer import cache_speed, hf
+from infer.generate import cached_greedy_generate
+from infer.kv_cache import ConcatKVCache, KVCache
+from infer.model import Transformer
+from infer.prompts import random_prompt_ids
 
 NEW_TOKENS = 16
 

@@ -5,27 +5,15 @@ No test asserts an absolute time; timings are checked for shape and consistency 
 
 import math
 
-import matplotlib
 import pytest
 import torch
 
-matplotlib.use("agg")
 
-from infer import hf  # noqa: E402
-from infer import prefill_decode as pd  # noqa: E402
-from infer.profiles import PROFILES  # noqa: E402
-from infer.prompts import random_prompt_ids  # noqa: E402
-from infer.timing import Timing  # noqa: E402
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """On a shared 2-core machine, two threads that wait on each other slow down tenfold whenever
-    another process takes a core; one thread keeps these tests fast. Restored afterwards."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+from infer import hf
+from infer import prefill_decode as pd
+from infer.profiles import PROFILES
+from infer.prompts import random_prompt_ids
+from infer.timing import Timing
 
 
 # `tiny` (the cpu profile's random-weight model, loaded once per session) comes from conftest.py.

@@ -2,25 +2,12 @@
 
 import math
 
-import matplotlib
 import pytest
-import torch
-
-matplotlib.use("agg")
-
-from infer import roofline as rl  # noqa: E402
-from infer.models import MODEL_SPECS  # noqa: E402
-from infer.profiles import PROFILES  # noqa: E402
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """On a shared 2-core machine, two threads that wait on each other slow down tenfold whenever
-    another process takes a core; one thread keeps these tests fast. Restored afterwards."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+from infer import roofline as rl
+from infer.models import MODEL_SPECS
+from infer.profiles import PROFILES
 
 
 @pytest.mark.parametrize("m, k, n, b, expected", [

@@ -1,11 +1,7 @@
 """Deliberately wrong answers, substituted into solution 02, must fail exactly their own checks."""
 
-import nbformat
-
-from infer.labgen import replace_solution_blocks
-from tests.nbval_runner import cell_results, check_cell_ids
+from tests.nbval_runner import assert_only_mistaken_checks_fail
 from tests.notebook_files import REPO_ROOT
-from tests.test_wrong_answers import with_solutions_replaced
 
 # Plausible mistakes, one per task of lab 02 (cell id -> replacement solution block).
 LAB02_MISTAKES = {
@@ -29,7 +25,7 @@ LAB02_MISTAKES = {
     "concurrency": "    return (gpu_bytes - weight_bytes - reserve_bytes) / kv_bytes_per_token / seq_len  # fractions, negatives",
 }
 # The cache cell has three blocks (__init__, write, read): only write goes wrong, silently clipping at capacity.
-CACHE_WITH_SILENT_CLIPPING = [
+LAB02_MISTAKES["kv-cache"] = [
     """        shape = (max_seqs, kv_heads, max_len, head_dim)
         self.k = [torch.zeros(shape) for _ in range(num_layers)]
         self.v = [torch.zeros(shape) for _ in range(num_layers)]
@@ -44,19 +40,5 @@ LAB02_CHECK_OF_TASK = {"kv-cache": "check-kv-cache", "cached-loop": "check-cache
 
 
 def test_lab02_wrong_answers_fail_exactly_their_checks(tmp_path):
-    solution = nbformat.read(REPO_ROOT / "solutions" / "02_kv_cache.ipynb", as_version=4)
-    mutated = with_solutions_replaced(nbformat.read(REPO_ROOT / "solutions" / "02_kv_cache.ipynb", as_version=4),
-                                      LAB02_MISTAKES)
-    cache_cell = next(cell for cell in mutated.cells if cell.id == "kv-cache")
-    blocks = iter(CACHE_WITH_SILENT_CLIPPING)
-    cache_cell.source = replace_solution_blocks(cache_cell.source, lambda block, indent: [next(blocks)])
-    mutated_path = tmp_path / "02_wrong.ipynb"
-    nbformat.write(mutated, mutated_path)
-
-    results = cell_results(mutated_path, tmp_path)
-    should_fail = {LAB02_CHECK_OF_TASK.get(cell_id, cell_id) for cell_id in [*LAB02_MISTAKES, "kv-cache"]}
-    for check in check_cell_ids(solution):
-        if check in should_fail:
-            assert results[check] is False, f"check cell {check!r} passed a deliberately wrong answer"
-        else:
-            assert results[check] is True, f"check cell {check!r} failed although its task was left correct"
+    solution = REPO_ROOT / "solutions" / "02_kv_cache.ipynb"
+    assert_only_mistaken_checks_fail(solution, LAB02_MISTAKES, LAB02_CHECK_OF_TASK, tmp_path)

@@ -1,10 +1,7 @@
 """Lab 03: deliberately wrong answers, substituted into the solution, must fail exactly their own checks."""
 
-import nbformat
-
-from tests.nbval_runner import cell_results, check_cell_ids
+from tests.nbval_runner import assert_only_mistaken_checks_fail
 from tests.notebook_files import REPO_ROOT
-from tests.test_wrong_answers import with_solutions_replaced
 
 # Plausible mistakes, one per task of lab 03 (cell id -> replacement solution).
 LAB03_MISTAKES = {
@@ -41,14 +38,5 @@ LAB03_CHECK_OF_TASK = {"latencies": "check-latencies", "serving-metrics": "check
 
 
 def test_lab03_wrong_answers_fail_exactly_their_checks(tmp_path):
-    solution = nbformat.read(REPO_ROOT / "solutions" / "03_measuring.ipynb", as_version=4)
-    mutated_path = tmp_path / "03_wrong.ipynb"
-    nbformat.write(with_solutions_replaced(solution, LAB03_MISTAKES), mutated_path)
-
-    results = cell_results(mutated_path, tmp_path)
-    should_fail = {LAB03_CHECK_OF_TASK.get(cell_id, cell_id) for cell_id in LAB03_MISTAKES}
-    for check in check_cell_ids(solution):
-        if check in should_fail:
-            assert results[check] is False, f"check cell {check!r} passed a deliberately wrong answer"
-        else:
-            assert results[check] is True, f"check cell {check!r} failed although its task was left correct"
+    solution = REPO_ROOT / "solutions" / "03_measuring.ipynb"
+    assert_only_mistaken_checks_fail(solution, LAB03_MISTAKES, LAB03_CHECK_OF_TASK, tmp_path)

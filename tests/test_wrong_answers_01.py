@@ -1,9 +1,6 @@
 """Deliberately wrong answers, substituted into a solution, must fail exactly their own checks."""
 
-import nbformat
-
-from infer.labgen import replace_solution_blocks
-from tests.nbval_runner import cell_results, check_cell_ids
+from tests.nbval_runner import assert_only_mistaken_checks_fail
 from tests.notebook_files import REPO_ROOT
 
 # Plausible mistakes a student makes, one per task of lab 01 (cell id -> replacement solution).
@@ -28,24 +25,6 @@ LAB01_MISTAKES = {
 LAB01_CHECK_OF_TASK = {"naive-loop": "check-naive-loop", "ttft-tpot": "check-ttft-tpot", "intensity": "check-intensity"}
 
 
-def with_solutions_replaced(notebook, replacements: dict[str, str]):
-    """`notebook` with the solution block of each named cell replaced by other code."""
-    for cell in notebook.cells:
-        if cell.id in replacements:
-            assert "# BEGIN SOLUTION" in cell.source, f"cell {cell.id!r} has no solution block to replace"
-            cell.source = replace_solution_blocks(cell.source, lambda block, indent: [replacements[cell.id]])
-    return notebook
-
-
 def test_lab01_wrong_answers_fail_exactly_their_checks(tmp_path):
-    solution = nbformat.read(REPO_ROOT / "solutions" / "01_prefill_decode.ipynb", as_version=4)
-    mutated_path = tmp_path / "01_wrong.ipynb"
-    nbformat.write(with_solutions_replaced(solution, LAB01_MISTAKES), mutated_path)
-
-    results = cell_results(mutated_path, tmp_path)
-    should_fail = {LAB01_CHECK_OF_TASK.get(cell_id, cell_id) for cell_id in LAB01_MISTAKES}
-    for check in check_cell_ids(solution):
-        if check in should_fail:
-            assert results[check] is False, f"check cell {check!r} passed a deliberately wrong answer"
-        else:
-            assert results[check] is True, f"check cell {check!r} failed although its task was left correct"
+    solution = REPO_ROOT / "solutions" / "01_prefill_decode.ipynb"
+    assert_only_mistaken_checks_fail(solution, LAB01_MISTAKES, LAB01_CHECK_OF_TASK, tmp_path)
