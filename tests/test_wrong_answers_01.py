@@ -6,10 +6,10 @@ from tests.notebook_files import REPO_ROOT
 # Plausible mistakes a student makes, one per task of lab 01 (cell id -> replacement solution).
 LAB01_MISTAKES = {
     "q1": 'answer_q1 = "decode"',
-    "q2": "answer_q2 = 1.54e9 * 2  # bytes, not GB",
-    "q3": "answer_q3 = 3.08e9 / 4.8e12  # seconds, not ms",
-    "q4": "answer_q4 = 2.0",
-    "q5": 'answer_q5 = "memory-bound"',
+    "q2": "answer_q2 = 1.24e9 * 2  # bytes, not GB",
+    "q3": "answer_q3 = 2.48e9 / 3.35e12  # seconds, not ms",
+    "q4": "answer_q4 = 2 * 2048 * 2048 / (2 * (2048 + 2048 * 2048 + 2048))  # forgot the batch",
+    "q5": 'answer_q5 = "compute-bound"',
     "q6": "answer_q6 = (0.310 - 0.250) / 4 * 1e3  # divided by n instead of n - 1",
     "naive-loop": """    sequence = prompt_ids
     for _ in range(max_new_tokens):

@@ -7,10 +7,10 @@ from tests.notebook_files import REPO_ROOT
 LAB02_MISTAKES = {
     "q1": "answer_q1 = 100 + 50 - 1  # the cached count, not the naive one",
     "q2": 'answer_q2 = "q, k and v"',
-    "q3": "answer_q3 = 28 * 2 * 128 * 2  # forgot that V is cached too",
+    "q3": "answer_q3 = 32 * 8 * 128 * 2  # forgot that V is cached too",
     "q4": "answer_q4 = 2 * 24 * 2 * 64 * 2 * 32_768  # bytes, not GB",
     "q5": "answer_q5 = 2 / 12",
-    "q6": "answer_q6 = int((80e9 - 2e9) // (2 * 28 * 2 * 128 * 2)) // 4096  # forgot the weights",
+    "q6": "answer_q6 = int((48e9 - 2e9) // (2 * 28 * 2 * 128 * 2)) // 8192  # forgot the weights",
     "cached-loop": """    prompt = prompt_ids.reshape(-1)
     n = prompt.shape[0]
     logits = model(prompt, torch.arange(n), cache)

@@ -6,7 +6,7 @@ from tests.notebook_files import REPO_ROOT
 # Plausible mistakes, one per task of lab 04 (cell id -> replacement solution).
 LAB04_MISTAKES = {
     "q1": 'answer_q1 = "approximate"',
-    "q2": "answer_q2 = 32 * 32768**2 * 2  # bytes, not GB",
+    "q2": "answer_q2 = 16 * 65536**2 * 2  # bytes, not GB",
     "q3": "answer_q3 = 3 + 1  # forgot to rescale to the common max",
     "q4": "answer_q4 = math.ceil(192 * 1024 / (4 * 128))  # bytes instead of fp16 elements",
     "q5": "answer_q5 = 1",
