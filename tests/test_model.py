@@ -99,23 +99,24 @@ def test_a_mixed_batch_gives_the_logits_of_each_sequence_run_alone():
     prompts = {0: random_prompt_ids(config, 40, seed=3)[0], 1: random_prompt_ids(config, 9, seed=4)[0],
                2: random_prompt_ids(config, 23, seed=5)[0]}
 
-    # One by one: sequence 0 gets its first 25 tokens, then 15 more; 1 and 2 their prompts then one token.
-    alone = KVCache.for_model(model, max_seqs=3, max_len=64)
-    with torch.no_grad():
-        model(prompts[0][:25], torch.arange(25), alone, torch.zeros(25, dtype=torch.long))
+    def prefilled_cache():
+        """Sequence 0 holds its first 25 tokens; 1 and 2 all but their last token."""
+        cache = KVCache.for_model(model, max_seqs=3, max_len=64)
+        model(prompts[0][:25], torch.arange(25), cache, torch.zeros(25, dtype=torch.long))
         for s in (1, 2):
             n = len(prompts[s]) - 1
-            model(prompts[s][:n], torch.arange(n), alone, torch.full((n,), s))
+            model(prompts[s][:n], torch.arange(n), cache, torch.full((n,), s))
+        return cache
+
+    # One by one: the rest of sequence 0's prompt, then one decode token each for 1 and 2.
+    with torch.no_grad():
+        alone = prefilled_cache()
         expected = [model(prompts[0][25:], torch.arange(25, 40), alone, torch.zeros(15, dtype=torch.long)),
                     model(prompts[1][-1:], torch.tensor([8]), alone, torch.tensor([1])),
                     model(prompts[2][-1:], torch.tensor([22]), alone, torch.tensor([2]))]
 
-    together = KVCache.for_model(model, max_seqs=3, max_len=64)
     with torch.no_grad():
-        model(prompts[0][:25], torch.arange(25), together, torch.zeros(25, dtype=torch.long))
-        for s in (1, 2):
-            n = len(prompts[s]) - 1
-            model(prompts[s][:n], torch.arange(n), together, torch.full((n,), s))
+        together = prefilled_cache()
         # The mixed step: a decode token of 2, a 15-token prefill chunk of 0, a decode token of 1.
         tokens = torch.cat([prompts[2][-1:], prompts[0][25:], prompts[1][-1:]])
         positions = torch.cat([torch.tensor([22]), torch.arange(25, 40), torch.tensor([8])])
