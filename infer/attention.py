@@ -27,6 +27,8 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from infer.profiles import dtype_name
+
 # ---------------------------------------------------------------- reference and naive
 
 
@@ -214,7 +216,7 @@ def _probe_sdpa(backend_name: str, device: str, dtype: torch.dtype, head_dim: in
         sdpa_attention(q, q, q, causal=True, backend=getattr(SDPBackend, backend_name))
     except RuntimeError as exc:
         first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        return Availability(False, f"PyTorch has no {backend_name} kernel for {device}/{_dtype_name(dtype)}/d={head_dim} "
+        return Availability(False, f"PyTorch has no {backend_name} kernel for {device}/{dtype_name(dtype)}/d={head_dim} "
                                    f"({first_line[:90]})")
     return YES
 
@@ -234,7 +236,7 @@ def _flash_attn_available(device: str, dtype: torch.dtype, head_dim: int) -> Ava
     if importlib.util.find_spec("flash_attn") is None:
         return Availability(False, "the flash-attn package is not installed (see environment.yml)")
     if dtype not in (torch.float16, torch.bfloat16):
-        return Availability(False, f"flash-attn supports fp16 and bf16 only, not {_dtype_name(dtype)}")
+        return Availability(False, f"flash-attn supports fp16 and bf16 only, not {dtype_name(dtype)}")
     return YES
 
 
@@ -248,10 +250,6 @@ def _triton_fn(q, k, v, causal=False):
     from infer.attention_triton import triton_attention
 
     return triton_attention(q, k, v, causal=causal)
-
-
-def _dtype_name(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")
 
 
 IMPLEMENTATIONS: dict[str, AttentionImpl] = {impl.name: impl for impl in [
@@ -324,7 +322,7 @@ class ExactnessResult:
     @property
     def line(self) -> str:
         mark = "✅" if self.ok else "❌"
-        return (f"{mark} {self.name:<15} {_dtype_name(self.dtype):<9} {'causal' if self.causal else 'full':<6} "
+        return (f"{mark} {self.name:<15} {dtype_name(self.dtype):<9} {'causal' if self.causal else 'full':<6} "
                 f"shape {self.shape}: relative error {self.error:.1e} (tolerance {self.tolerance:.0e})")
 
 

@@ -23,8 +23,9 @@ from torch.utils._pytree import tree_leaves
 
 from infer.attention import AttentionImpl, random_qkv
 from infer.attention_io import score_matrix_bytes
+from infer.plotting import plot_medians
 from infer.profiles import Profile
-from infer.timing import Timing, benchmark
+from infer.timing import Timing, benchmark, cpu_threads
 
 
 @dataclass(frozen=True)
@@ -40,7 +41,7 @@ class SweepConfig:
     repeats: int = 3
     cpu_budget_bytes: int = 512 * 2**20  # refuse an N x N implementation above this on CPU
     max_call_s: float = 3.0
-    cpu_threads: int | None = None  # the notebook sets torch.set_num_threads(cpu_threads) when given
+    cpu_threads: int | None = None  # torch CPU threads during the sweep (None: unchanged)
 
 
 def sweep_config(profile: Profile) -> SweepConfig:
@@ -139,23 +140,29 @@ def run_sweep(impls: dict[str, AttentionImpl], config: SweepConfig, progress: bo
     result = SweepResult(config)
     last_ms: dict[str, tuple[int, float]] = {}
     jobs = [(n, name) for n in config.seq_lens for name in impls]
-    for seq_len, name in tqdm(jobs, desc="attention sweep", disable=not progress):
-        impl = impls[name]
-        refusal = _over_cpu_budget(impl, config, seq_len)
-        if refusal:
-            result.points.append(refusal)
-            continue
-        if name in last_ms:
-            prev_len, prev_ms = last_ms[name]
-            predicted_s = prev_ms * (seq_len / prev_len) ** 2 / 1e3
-            if predicted_s > config.max_call_s:
-                result.points.append(SweepPoint(name, seq_len, "skipped", note=(
-                    f"predicted {predicted_s:.0f} s per call (from {prev_len} tokens, x N^2) > {config.max_call_s} s limit")))
-                continue
-        result.points.append(_measure(impl, config, seq_len))
-        if result.points[-1].status == "ok":
-            last_ms[name] = (seq_len, result.points[-1].timing.median_ms)
+    with cpu_threads(config.cpu_threads):
+        for seq_len, name in tqdm(jobs, desc="attention sweep", disable=not progress):
+            _sweep_one(impls[name], name, seq_len, config, result, last_ms)
     return result
+
+
+def _sweep_one(impl: AttentionImpl, name: str, seq_len: int, config: SweepConfig, result: SweepResult,
+               last_ms: dict[str, tuple[int, float]]) -> None:
+    """Measure one implementation at one length, or record why it was refused or skipped."""
+    refusal = _over_cpu_budget(impl, config, seq_len)
+    if refusal:
+        result.points.append(refusal)
+        return
+    if name in last_ms:
+        prev_len, prev_ms = last_ms[name]
+        predicted_s = prev_ms * (seq_len / prev_len) ** 2 / 1e3
+        if predicted_s > config.max_call_s:
+            result.points.append(SweepPoint(name, seq_len, "skipped", note=(
+                f"predicted {predicted_s:.0f} s per call (from {prev_len} tokens, x N^2) > {config.max_call_s} s limit")))
+            return
+    result.points.append(_measure(impl, config, seq_len))
+    if result.points[-1].status == "ok":
+        last_ms[name] = (seq_len, result.points[-1].timing.median_ms)
 
 
 def _over_cpu_budget(impl: AttentionImpl, config: SweepConfig, seq_len: int) -> SweepPoint | None:
@@ -199,9 +206,8 @@ def plot_sweep(ax_time, ax_memory, result: SweepResult) -> None:
         points = [p for p in result.points if p.name == name]
         ok = [p for p in points if p.status == "ok"]
         lens = [p.seq_len for p in ok]
-        line, = ax_time.loglog(lens, [p.timing.median_ms for p in ok], marker="o", label=name)
-        ax_time.vlines(lens, [p.timing.spread_ms[0] for p in ok], [p.timing.spread_ms[1] for p in ok], color=line.get_color())
-        ax_memory.loglog(lens, [p.peak_bytes / 2**20 for p in ok], marker="o", color=line.get_color(), label=name)
+        line = plot_medians(ax_time, lens, [p.timing for p in ok], marker="o", label=name).lines[0]
+        ax_memory.plot(lens, [p.peak_bytes / 2**20 for p in ok], marker="o", color=line.get_color(), label=name)
         for p in points:
             if p.status == "oom":
                 for ax in (ax_time, ax_memory):
@@ -210,6 +216,8 @@ def plot_sweep(ax_time, ax_memory, result: SweepResult) -> None:
                                 xytext=(-4, -14 - 10 * index),
                                 ha="right", fontsize=7, color=line.get_color())
     for ax in (ax_time, ax_memory):
+        ax.set_xscale("log")
+        ax.set_yscale("log")
         ax.set_xticks(result.config.seq_lens, [str(n) for n in result.config.seq_lens])
         ax.minorticks_off()
     ax_time.set_xlabel("sequence length N (tokens)")

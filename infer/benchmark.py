@@ -26,7 +26,7 @@ from transformers.generation.streamers import BaseStreamer
 
 from infer import hf
 from infer.metrics import calculate_metrics, slo_from_profile
-from infer.profiles import BenchmarkGrid
+from infer.profiles import BenchmarkGrid, dtype_name
 from infer.prompts import random_prompt_ids
 from infer.records import RequestRecord
 from infer.timing import synchronize
@@ -239,7 +239,7 @@ def vllm_commands(profile, model_id: str, result_dir: str = "results/vllm", port
     The completions endpoint (`--backend openai`) sends the prompt as is: the chat endpoint
     would wrap it in a chat template and add tokens, so the input would no longer be exact.
     `--ignore-eos` and `--random-range-ratio 0` make every request exactly input/output long."""
-    grid, dtype = profile.grid, str(profile.dtype).removeprefix("torch.")
+    grid, dtype = profile.grid, dtype_name(profile.dtype)
     serve = ["vllm", "serve", model_id, "--dtype", dtype, "--port", str(port), "--seed", "0",
              "--max-model-len", str(max(grid.input_lens) + max(grid.output_lens))]
     benches = []

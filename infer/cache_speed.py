@@ -12,14 +12,14 @@ from dataclasses import dataclass
 from typing import Callable
 
 import matplotlib.pyplot as plt
-import numpy as np
 import torch
 
 from infer import hf
 from infer.generate import cached_greedy_generate
 from infer.kv_cache import ConcatKVCache, KVCache
+from infer.plotting import plot_medians
 from infer.prefill_decode import naive_greedy_generate
-from infer.timing import Timing, benchmark
+from infer.timing import Timing, benchmark, cpu_threads
 
 NAIVE, GROWING, PREALLOCATED, GENERATE = ("naive loop (week 01)", "growing cache (torch.cat)",
                                           "preallocated cache", "transformers generate()")
@@ -95,10 +95,7 @@ def format_race(output_lens, timings: dict[str, list[Timing]]) -> str:
 def plot_race(ax: plt.Axes, output_lens, timings: dict[str, list[Timing]]) -> None:
     """Total time against output tokens: medians with p10-p90 bars."""
     for (name, series), marker in zip(timings.items(), "osD^"):
-        medians = np.array([t.median_ms for t in series]) / 1e3
-        spread = np.array([t.spread_ms for t in series]) / 1e3
-        ax.errorbar(output_lens, medians, yerr=np.vstack([medians - spread[:, 0], spread[:, 1] - medians]),
-                    marker=marker, capsize=3, label=name)
+        plot_medians(ax, output_lens, series, scale=1e-3, marker=marker, label=name)
     ax.set_xlabel("output tokens generated")
     ax.set_ylabel("total generation time (s, median; bars p10-p90)")
     ax.set_xlim(left=0)
@@ -114,33 +111,24 @@ def cache_write_ms(model, context_lens, *, repeats: int = 15) -> dict[str, list[
     On a CPU this runs on one thread: a large copy is split across OpenMP threads, and on a
     shared two-core machine a thread that waits for a busy core adds tens of milliseconds that
     have nothing to do with the bytes copied."""
-    threads = torch.get_num_threads()
-    if model.embed.weight.device.type == "cpu":
-        torch.set_num_threads(1)
-    try:
-        return _cache_write_ms(model, context_lens, repeats)
-    finally:
-        torch.set_num_threads(threads)
-
-
-def _cache_write_ms(model, context_lens, repeats: int) -> dict[str, list[Timing]]:
     arch, weight = model.arch, model.embed.weight
-    shape = dict(dtype=weight.dtype, device=weight.device)
-    timings: dict[str, list[Timing]] = {GROWING: [], PREALLOCATED: []}
-    for context in context_lens:
-        past = torch.randn(arch.num_kv_heads, context, arch.head_dim, **shape)
-        new = torch.randn(arch.num_kv_heads, 1, arch.head_dim, **shape)
-        for name, cache in ((GROWING, ConcatKVCache.for_model(model)),
-                            (PREALLOCATED, KVCache.for_model(model, max_seqs=1, max_len=context + 1))):
-            for layer in range(arch.num_layers):
-                cache.write(layer, 0, 0, past, past)
-
-            def one_step(cache=cache):  # rewrites position `context` each time: every repeat sees the same state
+    with cpu_threads(1 if weight.device.type == "cpu" else None):
+        shape = dict(dtype=weight.dtype, device=weight.device)
+        timings: dict[str, list[Timing]] = {GROWING: [], PREALLOCATED: []}
+        for context in context_lens:
+            past = torch.randn(arch.num_kv_heads, context, arch.head_dim, **shape)
+            new = torch.randn(arch.num_kv_heads, 1, arch.head_dim, **shape)
+            for name, cache in ((GROWING, ConcatKVCache.for_model(model)),
+                                (PREALLOCATED, KVCache.for_model(model, max_seqs=1, max_len=context + 1))):
                 for layer in range(arch.num_layers):
-                    cache.write(layer, 0, context, new, new)
+                    cache.write(layer, 0, 0, past, past)
 
-            timings[name].append(benchmark(one_step, device=weight.device, warmup=2, repeats=repeats))
-    return timings
+                def one_step(cache=cache):  # rewrites position `context` each time: every repeat sees the same state
+                    for layer in range(arch.num_layers):
+                        cache.write(layer, 0, context, new, new)
+
+                timings[name].append(benchmark(one_step, device=weight.device, warmup=2, repeats=repeats))
+        return timings
 
 
 def plot_write_cost(ax: plt.Axes, context_lens, timings: dict[str, list[Timing]]) -> None:

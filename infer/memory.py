@@ -19,6 +19,7 @@ import torch
 from transformers import PretrainedConfig
 
 from infer.model import Arch
+from infer.profiles import dtype_name
 
 GB = 1e9
 DTYPE_NAMES = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16,
@@ -100,7 +101,7 @@ class MemoryPlan:
 
 def memory_plan(name: str, config: PretrainedConfig, dtype: torch.dtype | str, gpu_gb: float, seq_len: int,
                 reserve_gb: float) -> MemoryPlan:
-    return MemoryPlan(model=name, dtype=dtype if isinstance(dtype, str) else str(dtype).removeprefix("torch."),
+    return MemoryPlan(model=name, dtype=dtype if isinstance(dtype, str) else dtype_name(dtype),
                       gpu_gb=gpu_gb, reserve_gb=reserve_gb, weight_gb=weight_bytes(config, dtype) / GB,
                       kv_bytes_per_token=kv_bytes_per_token(config, dtype),
                       kv_tokens=kv_tokens_that_fit(config, dtype, gpu_gb, reserve_gb), seq_len=seq_len,

@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PretrainedConfig
 
-from infer.profiles import Profile, pick_profile
+from infer.profiles import Profile, dtype_name, pick_profile
 from infer.tokenizer import byte_level_tokenizer
 
 HUB_HOST = "huggingface.co"
@@ -64,7 +64,7 @@ class LoadedModel:
     def header(self) -> str:
         return (
             f"device: {describe_device(self.device)} | model: {self.name} ({self.num_parameters / 1e6:.1f}M params) | "
-            f"weights: {self.weights} ({self.weights_note}) | dtype: {str(self.dtype).removeprefix('torch.')} | "
+            f"weights: {self.weights} ({self.weights_note}) | dtype: {dtype_name(self.dtype)} | "
             f"profile: {self.profile.name}"
         )
 

@@ -6,8 +6,10 @@ import os
 from pathlib import Path
 
 import matplotlib.pyplot as plt
+import numpy as np
 
 from infer.provenance import REPO_ROOT, provenance_line
+from infer.timing import Timing
 
 FIGURES_ENV_VAR = "INFER_FIGURES_DIR"
 
@@ -25,3 +27,12 @@ def save_figure(fig: plt.Figure, name: str, meta: dict[str, str]) -> Path:
     path = figures_dir() / f"{name}.png"
     fig.savefig(path, dpi=120)
     return path
+
+
+def plot_medians(ax: plt.Axes, x, timings: list[Timing], *, scale: float = 1.0, **style):
+    """Medians of `timings` against `x`, with p10-p90 error bars; `scale` converts from ms
+    (1e-3 plots seconds). Returns matplotlib's ErrorbarContainer."""
+    medians = np.array([t.median_ms for t in timings]) * scale
+    spreads = np.array([t.spread_ms for t in timings]) * scale
+    return ax.errorbar(x, medians, yerr=np.vstack([medians - spreads[:, 0], spreads[:, 1] - medians]),
+                       capsize=3, **style)

@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from infer import hf
+from infer.plotting import plot_medians
 from infer.prompts import random_prompt_ids
 from infer.timing import Timing, benchmark, synchronize
 
@@ -165,19 +166,12 @@ def format_phase_table(rows: list[PhaseTiming]) -> str:
     return "\n".join(lines)
 
 
-def _error_bars(timings: list[Timing]) -> np.ndarray:
-    medians = np.array([t.median_ms for t in timings])
-    spreads = np.array([t.spread_ms for t in timings])
-    return np.vstack([medians - spreads[:, 0], spreads[:, 1] - medians])
-
-
 def plot_phase_sweep(ax: plt.Axes, rows: list[PhaseTiming]) -> None:
     """Prefill time and one decode step's time against prompt length: medians, p10-p90 error bars."""
     lengths = [row.prompt_len for row in rows]
     for label, timings, marker in (("prefill (whole prompt, one pass)", [r.prefill for r in rows], "o"),
                                    ("one decode step (1 token, KV cache)", [r.decode_step for r in rows], "s")):
-        ax.errorbar(lengths, [t.median_ms for t in timings], yerr=_error_bars(timings), marker=marker,
-                    capsize=3, label=label)
+        plot_medians(ax, lengths, timings, marker=marker, label=label)
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.set_xticks(lengths, [str(n) for n in lengths])

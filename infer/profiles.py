@@ -9,6 +9,11 @@ import torch
 PROFILE_ENV_VAR = "INFER_PROFILE"
 
 
+def dtype_name(dtype: torch.dtype) -> str:
+    """"bfloat16" for torch.bfloat16: how a dtype is written in headers, tables and results."""
+    return str(dtype).removeprefix("torch.")
+
+
 @dataclass(frozen=True)
 class BenchmarkGrid:
     """The fixed grid every benchmark of a profile sweeps: exact token counts, never text."""

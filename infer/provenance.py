@@ -13,7 +13,7 @@ import transformers
 
 import infer
 from infer.models import LoadedModel, describe_device
-from infer.profiles import Profile
+from infer.profiles import Profile, dtype_name
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -38,10 +38,10 @@ def git_commit() -> str:
 def provenance(source: LoadedModel | Profile, kind: str = "measured") -> dict[str, str]:
     """The metadata of a result. `kind` is "measured", or "synthetic"/"simulated" for modelled numbers."""
     if isinstance(source, LoadedModel):
-        model_fields = {"model": source.name, "weights": source.weights, "dtype": str(source.dtype).removeprefix("torch."),
+        model_fields = {"model": source.name, "weights": source.weights, "dtype": dtype_name(source.dtype),
                         "profile": source.profile.name, "device": describe_device(source.device)}
     else:
-        model_fields = {"model": "-", "weights": "-", "dtype": str(source.dtype).removeprefix("torch."),
+        model_fields = {"model": "-", "weights": "-", "dtype": dtype_name(source.dtype),
                         "profile": source.name, "device": describe_device(source.device)}
     return {"kind": kind, **model_fields, "date": datetime.date.today().isoformat(),
             "commit": git_commit(), **versions()}

@@ -19,6 +19,7 @@ from transformers import PretrainedConfig
 
 from infer.memory import kv_token_bytes
 from infer.model import Arch
+from infer.profiles import dtype_name
 from infer.timing import benchmark
 
 
@@ -128,7 +129,7 @@ class MeasuredRoofline:
         return min(self.peak_flops, intensity * self.bandwidth)
 
     def __str__(self) -> str:
-        dtype = str(self.probe.matmul_dtype).removeprefix("torch.")
+        dtype = dtype_name(self.probe.matmul_dtype)
         return (f"matmul {self.probe.matmul_size}x{self.probe.matmul_size} {dtype}: {self.peak_flops / 1e9:,.1f} GFLOP/s | "
                 f"copy {self.probe.copy_megabytes} MiB: {self.bandwidth / 1e9:,.1f} GB/s | "
                 f"ridge point: {self.ridge_point:.1f} FLOP/byte")

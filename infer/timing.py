@@ -5,6 +5,7 @@ GPU work is asynchronous: without a synchronize, a timer measures only how long 
 
 import statistics
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Callable
 
@@ -76,3 +77,18 @@ def benchmark(fn: Callable[[], object], *, device: str | torch.device = "cpu", w
             fn()
         samples.append(sw.ms)
     return Timing(tuple(samples))
+
+
+@contextmanager
+def cpu_threads(count: int | None):
+    """Run the body with `count` torch CPU threads (None: leave them as they are), then restore.
+
+    On a small shared machine, a multi-threaded op whose threads wait for a busy core can take ten
+    times longer than the same op on one thread: noise larger than the differences being measured."""
+    before = torch.get_num_threads()
+    if count is not None:
+        torch.set_num_threads(count)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
