@@ -21,17 +21,17 @@ $(INSTALLED): pyproject.toml
 # committed notebooks stay as they are), then build the HTML site from those copies.
 site: $(INSTALLED)
 	rm -rf $(BUILD)/notebooks
-	INFER_FIGURES_DIR=$(BUILD)/figures INFER_RESULTS_DIR=$(BUILD)/results $(PY) -m infer.notebooks run --out $(BUILD)/notebooks weeks/*.ipynb solutions/*.ipynb
+	INFER_FIGURES_DIR=$(BUILD)/figures INFER_RESULTS_DIR=$(BUILD)/results $(PY) -m infer.course.notebooks run --out $(BUILD)/notebooks weeks/*.ipynb solutions/*.ipynb
 	mkdir -p $(BUILD)/notebooks/labs && cp labs/*.ipynb $(BUILD)/notebooks/labs/
 	$(PY) site/build.py --notebooks $(BUILD)/notebooks --out $(BUILD)/html
 
 # For authors: re-execute the committed notebooks in place, then regenerate the labs.
 notebooks: $(INSTALLED)
-	$(PY) -m infer.notebooks run weeks/*.ipynb solutions/*.ipynb
-	$(PY) -m infer.labgen
+	$(PY) -m infer.course.notebooks run weeks/*.ipynb solutions/*.ipynb
+	$(PY) -m infer.course.labgen
 
 labs: $(INSTALLED)
-	$(PY) -m infer.labgen
+	$(PY) -m infer.course.labgen
 
 lab: $(INSTALLED)
 	$(PY) -m pip install --quiet -e ".[lab]"

@@ -75,12 +75,12 @@ def verify_naive_loop(model, config, fn=None, *, qid: str = "01.naive_loop", pro
                       new_tokens: int = 12, seed: int = 0):
     """Is `fn` (default: `naive_greedy_generate`) token-identical to `transformers`' greedy generate()?
 
-    Runs both on fresh random prompts and returns an `infer.checks.Verdict` (one line to print).
+    Runs both on fresh random prompts and returns an `infer.course.checks.Verdict` (one line to print).
     The comparison runs in float32: in bf16 the cached (generate) and uncached (naive) paths round
     differently, and with random weights a near-tie argmax can flip without any bug."""
     import copy
 
-    from infer.checks import Case, grade_function, same_tokens
+    from infer.course.checks import Case, grade_function, same_tokens
 
     fn = fn or naive_greedy_generate
     fp32_model = model if next(model.parameters()).dtype == torch.float32 else copy.deepcopy(model).float()

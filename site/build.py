@@ -5,7 +5,7 @@
 --notebooks holds weeks/, labs/ and solutions/ (the repository root, or an executed copy such
 as _build/notebooks). The script
   1. assembles a Sphinx source tree next to --out: the notebooks named in the syllabus and a
-     home page whose table is generated from infer.syllabus.WEEKS;
+     home page whose table is generated from infer.course.syllabus.WEEKS;
   2. runs sphinx-build -W (any warning fails the build), with site/ as configuration folder;
   3. copies MathJax, require.js and the ipywidgets renderer into the site: by default the
      pages load them from CDNs, and offline the math stays raw and the widgets blank. They
@@ -26,7 +26,7 @@ SITE_DIR = Path(__file__).resolve().parent
 REPO_ROOT = SITE_DIR.parent
 sys.path.insert(0, str(REPO_ROOT))  # so that `infer` imports without an installed package
 
-from infer.syllabus import WEEKS  # noqa: E402
+from infer.course.syllabus import WEEKS  # noqa: E402
 
 DEFAULT_VENDOR_CACHE = REPO_ROOT / "_build" / "site_vendor"
 

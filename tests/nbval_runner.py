@@ -14,7 +14,7 @@ from pathlib import Path
 
 import nbformat
 
-from infer.labgen import replace_solution_blocks
+from infer.course.labgen import replace_solution_blocks
 from tests.notebook_files import REPO_ROOT
 
 NBVAL_ARGS = ["--nbval-lax", "--nbval-current-env", "--nbval-cell-timeout=300",

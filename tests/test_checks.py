@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from infer import checks
-from infer.checks import Case, close_to, grade_answer, grade_function, make_key, same_tokens
+from infer.course.checks import Case, close_to, grade_answer, grade_function, make_key, same_tokens
 
 MS_KEY = make_key("99.q1", 0.64, unit="ms", sig=2)
 GB_KEY = make_key("99.q2", 3.09, unit="GB", sig=3)

@@ -1,6 +1,6 @@
 import torch
 
-from infer.exercises.week02 import _write_past_capacity
+from infer.course.exercises.week02 import _write_past_capacity
 from infer.kv_cache import KVCache
 
 

@@ -126,7 +126,7 @@ def test_robust_line_ignores_one_outlier():
 
 
 def test_request_latency_split_hand_computed():
-    from infer.widgets import request_latency_split_ms
+    from infer.course.widgets import request_latency_split_ms
 
     row = pd.PhaseTiming(100, Timing((40.0,)), Timing((5.0,)))
     split = request_latency_split_ms(row, 11)
@@ -137,7 +137,7 @@ def test_request_latency_split_hand_computed():
 
 def test_phase_split_explorer_draws_its_initial_state():
     import matplotlib.pyplot as plt
-    from infer.widgets import phase_split_explorer
+    from infer.course.widgets import phase_split_explorer
 
     rows = [pd.PhaseTiming(n, Timing((n / 10,)), Timing((2.0,))) for n in (16, 64, 256)]
     widget = phase_split_explorer(rows, initial_prompt_len=64, initial_output_tokens=8)

@@ -1,6 +1,6 @@
 import torch
 
-from infer.setup_check import hardware, optional_parts, smoke_test
+from infer.course.setup_check import hardware, optional_parts, smoke_test
 
 
 def test_optional_parts_cover_every_gpu_only_piece():

@@ -99,7 +99,7 @@ class LinkCollector(html.parser.HTMLParser):
 
 
 def test_home_page_links_every_existing_notebook(site):
-    from infer.syllabus import WEEKS
+    from infer.course.syllabus import WEEKS
 
     page = site.read_text(encoding="utf-8")
     for week in WEEKS:

@@ -2,7 +2,7 @@
 
 import random
 
-from infer.checks import Case, check_function, close_to
+from infer.course.checks import Case, check_function, close_to
 from infer.prefill_decode import ttft_and_tpot_ms, verify_naive_loop
 from infer.roofline import matmul_arithmetic_intensity
 

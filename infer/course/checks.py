@@ -2,7 +2,7 @@
 
 Two kinds:
 - `check_answer(qid, answer)`: a fixed answer (a number with a unit, or a choice) compared with a
-  hashed key from `infer/answer_keys/<week>.json`. The key file holds digests, not answers.
+  hashed key from `infer/course/answer_keys/<week>.json`. The key file holds digests, not answers.
   (Digests of short numbers can be brute-forced; they keep answers out of sight, not secret.)
 - `check_function(qid, fn, reference, cases, compare)`: a student's function run against the
   library's reference on fresh inputs; the line says which case failed and how.
@@ -63,7 +63,7 @@ def _canonical_choice(value: str) -> str:
 
 
 def make_key(qid: str, answer: Any, *, unit: str | None = None, sig: int = 2, options: Iterable[str] | None = None) -> dict:
-    """The key entry for one question (used by authors; see `python -m infer.checks --help`)."""
+    """The key entry for one question (used by authors; see `python -m infer.course.checks --help`)."""
     if options is not None:
         options = [_canonical_choice(o) for o in options]
         if _canonical_choice(answer) not in options:
@@ -74,10 +74,10 @@ def make_key(qid: str, answer: Any, *, unit: str | None = None, sig: int = 2, op
 
 def load_key(qid: str) -> dict:
     week = qid.split(".")[0]
-    path = resources.files("infer.answer_keys").joinpath(f"{week}.json")
+    path = resources.files("infer.course.answer_keys").joinpath(f"{week}.json")
     keys = json.loads(path.read_text()) if path.is_file() else {}
     if qid not in keys:
-        raise KeyError(f"No answer key for {qid!r} in infer/answer_keys/{week}.json")
+        raise KeyError(f"No answer key for {qid!r} in infer/course/answer_keys/{week}.json")
     return keys[qid]
 
 
@@ -238,7 +238,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--options", nargs="+", help="the allowed choices of a choice question")
     args = parser.parse_args(argv)
     entry = make_key(args.qid, args.answer, unit=args.unit, sig=args.sig, options=args.options)
-    week_file = Path(str(resources.files("infer.answer_keys"))) / f"{args.qid.split('.')[0]}.json"
+    week_file = Path(str(resources.files("infer.course.answer_keys"))) / f"{args.qid.split('.')[0]}.json"
     add_key(week_file, args.qid, entry)
     print(f"key for {args.qid} written to {week_file}")
 

@@ -6,7 +6,7 @@ failed requests, in random order) and compares the student's function with infer
 import math
 import random
 
-from infer.checks import Case, Verdict, check_function
+from infer.course.checks import Case, Verdict, check_function
 from infer.metrics import calculate_metrics, request_goodput, request_latencies_ms
 from infer.profiles import BenchmarkGrid
 from infer.records import RequestRecord

@@ -9,7 +9,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from infer import hf
-from infer.checks import Verdict
+from infer.course.checks import Verdict
 from infer.models import load_model
 from infer.prefill_decode import naive_greedy_generate
 from infer.profiles import pick_profile

@@ -1,7 +1,7 @@
 """Execute course notebooks top to bottom, the way they are committed and published.
 
-    python -m infer.notebooks run weeks/01_prefill_decode.ipynb      # in place (authors)
-    python -m infer.notebooks run --out _build/notebooks weeks/*.ipynb solutions/*.ipynb
+    python -m infer.course.notebooks run weeks/01_prefill_decode.ipynb      # in place (authors)
+    python -m infer.course.notebooks run --out _build/notebooks weeks/*.ipynb solutions/*.ipynb
 
 Widget state is stored in the notebook, so the static site can draw the widgets."""
 

@@ -7,7 +7,7 @@ import torch
 from infer.attention import SoftmaxState, block_state, merge_states, random_qkv, reference_attention, relative_error
 from infer.attention_bench import TensorBytes
 from infer.attention_io import score_matrix_bytes
-from infer.checks import Case, Verdict, check_function, close_to, grade_function
+from infer.course.checks import Case, Verdict, check_function, close_to, grade_function
 
 
 def _state_problem(got, expected: SoftmaxState) -> str | None:

@@ -9,8 +9,8 @@ Cell ids are kept. Check cells (`# NBVAL_CHECK_OUTPUT`) keep the solution's outp
 execution counts: they are what nbval compares the student's run with. Every other output is
 cleared, so the lab opens clean.
 
-    python -m infer.labgen            # regenerate every lab
-    python -m infer.labgen --check    # exit 1 if any lab is stale
+    python -m infer.course.labgen            # regenerate every lab
+    python -m infer.course.labgen --check    # exit 1 if any lab is stale
 """
 
 import argparse

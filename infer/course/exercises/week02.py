@@ -9,7 +9,7 @@ import random
 import torch
 
 from infer import hf, memory
-from infer.checks import Case, Verdict, check_function, close_to, same_tokens
+from infer.course.checks import Case, Verdict, check_function, close_to, same_tokens
 from infer.generate import cached_greedy_generate
 from infer.kv_cache import KVCache
 from infer.model import Arch, Transformer
