@@ -13,7 +13,9 @@ from infer.model import Arch, Transformer, hf_name, plan_runs
 from infer.models import MODEL_SPECS
 from infer.prompts import random_prompt_ids
 
-LOGIT_TOLERANCE = 1e-4  # max abs difference in float32
+# float32 logits of magnitude up to ~10 from differently ordered sums (other kernels, shapes or CPUs):
+# relative plus absolute, far above float32 rounding (~1e-6 here) and far below any real bug (~0.1).
+LOGIT_TOLERANCE = dict(rtol=1e-4, atol=1e-4)
 
 
 def randomized(config, seed: int = 0):
@@ -73,11 +75,10 @@ def test_logits_match_transformers(label):
     with torch.no_grad():
         expected = reference(ids).logits[0]
     got = full_prefill_logits(ours, ids)
-    diff = (got - expected).abs().max().item()
     assert got.shape == expected.shape, f"{label}: logits shape {tuple(got.shape)}, expected {tuple(expected.shape)}"
-    assert diff <= LOGIT_TOLERANCE, (
-        f"{label}: max |logit difference| {diff:.2e} > {LOGIT_TOLERANCE:.0e}. Check in this order: RMSNorm "
-        f"(float32, eps inside the sqrt), rotary (rotate_half pairing i with i + d/2), GQA head grouping, biases.")
+    torch.testing.assert_close(got, expected, **LOGIT_TOLERANCE, msg=lambda detail: (
+        f"{label}: logits differ from transformers'. {detail}\nCheck in this order: RMSNorm "
+        f"(float32, eps inside the sqrt), rotary (rotate_half pairing i with i + d/2), GQA head grouping, biases."))
 
 
 def test_llama3_rope_frequencies_match_transformers():
@@ -89,7 +90,7 @@ def test_llama3_rope_frequencies_match_transformers():
     from infer.model import Rotary
 
     got = Rotary(arch.head_dim, arch.rope_theta, arch.rope_scaling).inv_freq
-    assert torch.allclose(got, expected, rtol=1e-6, atol=0), "llama3-scaled rotary frequencies differ from transformers'"
+    assert torch.allclose(got, expected, rtol=1e-5, atol=0), "llama3-scaled rotary frequencies differ from transformers'"
 
 
 def test_a_mixed_batch_gives_the_logits_of_each_sequence_run_alone():
@@ -126,8 +127,8 @@ def test_a_mixed_batch_gives_the_logits_of_each_sequence_run_alone():
     for label, got, want in (("sequence 2 (decode)", mixed[:1], expected[2]),
                              ("sequence 0 (prefill chunk at 25..39)", mixed[1:16], expected[0]),
                              ("sequence 1 (decode)", mixed[16:], expected[1])):
-        diff = (got - want).abs().max().item()
-        assert diff <= 1e-5, f"{label}: mixed-batch logits differ from running it alone by {diff:.2e}"
+        torch.testing.assert_close(got, want, **LOGIT_TOLERANCE, msg=lambda detail: (
+            f"{label}: mixed-batch logits differ from running it alone. {detail}"))
 
 
 def test_logits_rows_returns_only_the_asked_rows():
@@ -137,7 +138,8 @@ def test_logits_rows_returns_only_the_asked_rows():
     full = full_prefill_logits(model, ids)
     with torch.no_grad():
         last = model(ids, torch.arange(12), KVCache.for_model(model, 1, 12), logits_rows=torch.tensor([11]))
-    assert last.shape == (1, config.vocab_size) and torch.allclose(last, full[11:], atol=1e-6)
+    assert last.shape == (1, config.vocab_size)
+    torch.testing.assert_close(last, full[11:], **LOGIT_TOLERANCE)  # a one-row matmul rounds unlike the full one
 
 
 def test_every_transformers_weight_has_a_home():
@@ -190,7 +192,6 @@ def test_chunked_prefill_and_decode_steps_match_one_full_pass(label):
         expected = reference(ids[None]).logits[0]
         pieces = [ours(ids[:60], torch.arange(60), cache), ours(ids[60:90], torch.arange(60, 90), cache)]
         pieces += [ours(ids[p:p + 1], torch.tensor([p]), cache) for p in range(90, 100)]
-    diff = (torch.cat(pieces) - expected).abs().max().item()
-    assert diff <= LOGIT_TOLERANCE, (
-        f"{label}: logits through the cache (chunk + decode steps) differ from one full pass by {diff:.2e}; "
-        "check the shifted causal mask of a chunk (query i sees keys 0..start+i) and the rotary positions")
+    torch.testing.assert_close(torch.cat(pieces), expected, **LOGIT_TOLERANCE, msg=lambda detail: (
+        f"{label}: logits through the cache (chunk + decode steps) differ from one full pass. {detail}\n"
+        "Check the shifted causal mask of a chunk (query i sees keys 0..start+i) and the rotary positions"))
