@@ -38,6 +38,7 @@ MODEL_SPECS = {
         ModelSpec("qwen2.5-0.5b", "Qwen/Qwen2.5-0.5B-Instruct"),
         ModelSpec("qwen2.5-1.5b", "Qwen/Qwen2.5-1.5B-Instruct"),
         ModelSpec("llama-3.2-1b", "meta-llama/Llama-3.2-1B-Instruct"),
+        ModelSpec("qwen2-dryrun", None),  # the gpu-dryrun profile's Qwen2-shaped stand-in (see infer.profiles)
     )
 }
 

@@ -1,5 +1,12 @@
 """Profiles: one notebook, two scales. The hardware picks `cpu` or `gpu`; the environment
-variable INFER_PROFILE overrides the choice (e.g. to try the cpu profile on a GPU box)."""
+variable INFER_PROFILE overrides the choice (e.g. to try the cpu profile on a GPU box).
+
+A third profile, `gpu-dryrun`, is never picked by the hardware: it is the gpu profile's stand-in
+on a CPU. It keeps what the gpu profile's code paths depend on (bf16, a Qwen2-family model, the
+seed's grid structure: two input lengths 1:4, one output length, concurrency doubling up to 32)
+and cuts every size so that a 2-core CPU runs each notebook in seconds. CI executes every notebook
+under it, so a gpu-profile branch that breaks is caught before a student's first GPU session.
+Its timings mean nothing; every header and figure says `profile: gpu-dryrun`."""
 
 import os
 from dataclasses import dataclass, replace
@@ -60,6 +67,15 @@ PROFILES = {
         # The seed's grid: 2048 input / 64 output tokens, concurrency up to 32, 200 prompts.
         grid=BenchmarkGrid(input_lens=(512, 2048), output_lens=(64,), concurrency=(1, 2, 4, 8, 16, 32), num_prompts=200),
         slo=SLO(ttft_ms=500.0, tpot_ms=20.0),
+    ),
+    "gpu-dryrun": Profile(
+        name="gpu-dryrun",
+        model_name="qwen2-dryrun",  # Qwen2 (biased q/k/v, grouped-query attention, tied embeddings), 0.9M params
+        dtype=torch.bfloat16,
+        device="cpu",
+        # The gpu grid's structure at 1/16 of its lengths, and prompts enough to fill concurrency 32 once.
+        grid=BenchmarkGrid(input_lens=(32, 128), output_lens=(4,), concurrency=(1, 2, 4, 8, 16, 32), num_prompts=32),
+        slo=SLO(ttft_ms=500.0, tpot_ms=20.0),  # the gpu profile's SLOs, so goodput takes the same path
     ),
 }
 
