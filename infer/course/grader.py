@@ -1,0 +1,476 @@
+"""Grade a folder of lab submissions with one command and no server.
+
+    python -m infer.course.grader 02 submissions/ -j 4       # what `make grade` runs
+
+Every `<student>.ipynb` in the folder is graded (the file stem is the student id), and two files
+are written beside the submissions:
+  gradebook.csv   student, score, max_score, status, then one column per check (points earned);
+  gradebook.json  every check's line and every failure's reason, per student.
+The notebook that was actually run for each student, with its outputs, goes to graded/.
+
+How a submission is graded. The solution notebook is the key: its check cells (marked
+`# NBVAL_CHECK_OUTPUT`) give the check code and, from their executed outputs, the one line each
+check must print. For each student the grader assembles a notebook in the lab's cell order:
+- every code cell is the student's cell with the same cell id; a cell the student deleted is put
+  back as the lab shipped it (a stub for an answer, so a deleted answer earns nothing: solution
+  code is never restored). Cells the student added run where the student put them;
+- every check cell is rebuilt from the solution: its trusted part is everything after its last
+  solution block (the whole cell when it has none). The student's answer in a mixed cell (`answer_q1
+  = ...` above `check_answer(...)`) runs first as a cell of its own. So a deleted, edited or
+  unmarked check cell is graded anyway, and a line the student saved counts for nothing;
+- before the trusted part, the course's check modules are dropped from `sys.modules` and imported
+  afresh, so that a student who redefines `check_answer`, `Verdict` or anything else in
+  `infer.course` (in the notebook or in the module) does not pass. This is not a sandbox: code
+  that patches torch, the library or the interpreter itself can still fool a check, and is for the
+  instructor to read in graded/.
+A check earns its points (`grade.points` in the solution cell's metadata, default 1; its id is
+`grade.id`, or the qid its line prints, such as 02.q3) when its cell prints exactly the
+expected line.
+
+Each submission runs in a fresh kernel, in a temporary folder (figures and results go there too),
+with a time limit per cell and per notebook; a student's error does not stop the run. A cell that
+times out or a kernel that dies ends that student's run: the checks not yet run earn nothing, and
+the status and reasons say why. A file that is not JSON, not a notebook or not .ipynb gets a row
+with its reason; the others are still graded, in parallel with -j.
+
+Why not nbval for this. nbval stays the engine of record for the lectures and solutions (`make
+test`), but it cannot grade: it compares a notebook with the outputs stored in that same notebook
+(a saved wrong line passes, an unmarked or deleted check is not compared), it has no per-notebook
+time limit (a hung submission loses the whole pytest report), and its report is a diff per cell
+index, not a check's line and points. The grader reuses nbval's contract (the same marker, one
+compared line per check cell) and runs the cells itself with nbclient, the executor nbval uses.
+"""
+
+import argparse
+import ast
+import csv
+import json
+import os
+import re
+import sys
+import tempfile
+import time
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import asdict, dataclass, field
+from multiprocessing import get_context
+from pathlib import Path
+
+import nbformat
+from nbclient import NotebookClient
+from nbclient.exceptions import CellTimeoutError, DeadKernelError
+from tqdm import tqdm
+
+from infer.course.labgen import CHECK_MARK, END
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+GRADEBOOK_CSV, GRADEBOOK_JSON, GRADED_DIR = "gradebook.csv", "gradebook.json", "graded"
+CELL_TIMEOUT_S, NOTEBOOK_TIMEOUT_S = 300, 1200
+QID_IN_LINE = re.compile(r"^(?:✅|❌)\s+([^\s:]+)")
+COURSE_PACKAGE = "infer.course"
+
+# Row statuses: how far the run got, apart from the score.
+GRADED, TIMED_OUT, KERNEL_DIED = "graded", "timed out", "kernel died"
+UNREADABLE, NOT_A_NOTEBOOK, GRADER_ERROR = "unreadable", "not a notebook", "grader error"
+
+
+class GradingKeyError(ValueError):
+    """The solution cannot serve as a key (a check cell without its executed line, ...)."""
+
+
+@dataclass(frozen=True)
+class Check:
+    check_id: str
+    cell_id: str
+    points: float
+    trusted_source: str  # the check code, rebuilt from the solution
+    expected_line: str  # what the solution's executed cell printed
+
+
+@dataclass(frozen=True)
+class LabCell:
+    cell_id: str
+    lab_source: str  # as the lab ships it: the stand-in for a deleted cell
+    check: Check | None = None
+
+
+@dataclass(frozen=True)
+class GradingKey:
+    lab: str  # e.g. 02_kv_cache
+    cells: tuple[LabCell, ...]  # the lab's code cells, in order
+    fresh_imports: dict  # name -> module, for every name imported from infer.course
+
+    @property
+    def checks(self) -> list[Check]:
+        return [cell.check for cell in self.cells if cell.check]
+
+    @property
+    def max_score(self) -> float:
+        return sum(check.points for check in self.checks)
+
+
+@dataclass
+class CheckResult:
+    check_id: str
+    points: float
+    earned: float = 0
+    line: str = ""  # what the restored check cell printed
+    reason: str = ""  # why it earned nothing
+
+
+@dataclass
+class SubmissionResult:
+    student: str
+    file: str
+    status: str
+    reason: str = ""
+    score: float = 0
+    max_score: float = 0
+    seconds: float = 0
+    checks: list[CheckResult] = field(default_factory=list)
+
+
+# ---------------------------------------------------------------- the key, from lab + solution
+
+
+def find_lab(number: str, root: Path = REPO_ROOT) -> tuple[Path, Path]:
+    """(lab, solution) paths for a lab number such as "02" or "2"."""
+    if not number.isdigit():
+        raise ValueError(f"LAB must be a lab number such as 02, got {number!r}")
+    solutions = sorted((root / "solutions").glob(f"{int(number):02d}_*.ipynb"))
+    if len(solutions) != 1:
+        found = ", ".join(p.name for p in (root / "solutions").glob("*.ipynb")) or "none"
+        raise ValueError(f"no single solution for lab {number} in {root / 'solutions'} (found: {found})")
+    lab = root / "labs" / solutions[0].name
+    if not lab.exists():
+        raise ValueError(f"{lab} is missing: run `make labs`")
+    return lab, solutions[0]
+
+
+def trusted_part(source: str) -> str:
+    """What runs as the check: the lines after the cell's last solution block, or the whole cell."""
+    lines = source.split("\n")
+    ends = [i for i, line in enumerate(lines) if line.strip() == END]
+    tail = lines[ends[-1] + 1:] if ends else lines
+    return "\n".join(line for line in tail if CHECK_MARK not in line).strip("\n")
+
+
+def student_part(source: str, trusted: str) -> str:
+    """A check cell's source without the marker and the trusted lines: the student's answer."""
+    trusted_lines = {line.strip() for line in trusted.split("\n") if line.strip()}
+    kept = [line for line in source.split("\n") if CHECK_MARK not in line and line.strip() not in trusted_lines]
+    return "\n".join(kept).strip("\n")
+
+
+def printed_line(cell) -> str:
+    return "".join(o.get("text", "") for o in cell.get("outputs", [])
+                   if o.get("output_type") == "stream" and o.get("name") == "stdout").strip()
+
+
+def course_imports(notebook) -> dict:
+    """{name: module} for every `from infer.course... import name` in the notebook's code cells."""
+    names = {}
+    for cell in notebook.cells:
+        if cell.cell_type != "code":
+            continue
+        try:
+            tree = ast.parse(cell.source)
+        except SyntaxError:
+            continue  # IPython magics: no course import there
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith(COURSE_PACKAGE):
+                names.update({alias.asname or alias.name: node.module for alias in node.names})
+    return names
+
+
+def load_key(lab_path: Path, solution_path: Path) -> GradingKey:
+    solution = nbformat.read(solution_path, as_version=4)
+    lab = nbformat.read(lab_path, as_version=4)
+    solution_cells = {c.id: c for c in solution.cells if c.cell_type == "code"}
+    lab_code = [c for c in lab.cells if c.cell_type == "code"]
+    if [c.id for c in lab_code] != list(solution_cells):
+        raise GradingKeyError(f"{lab_path} and {solution_path} have different code cells: run `make labs`")
+    cells, seen_ids = [], set()
+    for lab_cell in lab_code:
+        solution_cell = solution_cells[lab_cell.id]
+        check = None
+        if CHECK_MARK in solution_cell.source:
+            check = _check_from(solution_cell, solution_path.name)
+            if check.check_id in seen_ids:
+                raise GradingKeyError(f"{solution_path.name}: two checks have the id {check.check_id!r}; "
+                                      "give one a grade.id in its cell metadata")
+            seen_ids.add(check.check_id)
+        cells.append(LabCell(lab_cell.id, lab_cell.source, check))
+    if not seen_ids:
+        raise GradingKeyError(f"{solution_path.name} has no check cell ({CHECK_MARK})")
+    return GradingKey(solution_path.stem, tuple(cells), course_imports(solution))
+
+
+def _check_from(cell, notebook_name: str) -> Check:
+    where = f"{notebook_name}, check cell {cell.id!r}"
+    expected = printed_line(cell)
+    if not expected or "\n" in expected:
+        raise GradingKeyError(f"{where}: expected one printed line in its outputs, found {expected!r}; "
+                              "execute the solution (make notebooks)")
+    if not expected.startswith("✅"):
+        raise GradingKeyError(f"{where}: the solution's own line is not a pass: {expected!r}")
+    grade = cell.metadata.get("grade", {})
+    points = grade.get("points", 1)
+    if isinstance(points, bool) or not isinstance(points, (int, float)) or points <= 0:
+        raise GradingKeyError(f"{where}: grade.points must be a positive number, got {points!r}")
+    qid = QID_IN_LINE.match(expected)
+    check_id = grade.get("id") or (qid and qid.group(1))
+    if not check_id:
+        raise GradingKeyError(f"{where}: its line names no check id; set grade.id in the cell metadata")
+    return Check(check_id, cell.id, points, trusted_part(cell.source), expected)
+
+
+# ---------------------------------------------------------------- one submission's notebook
+
+
+def fresh_import_source(trusted: str, fresh_imports: dict) -> str:
+    """Code that re-imports the course's check modules and rebinds the names `trusted` uses."""
+    used = {node.id for node in ast.walk(ast.parse(trusted)) if isinstance(node, ast.Name)}
+    needed = sorted(name for name in used if name in fresh_imports)
+    if not needed:
+        return ""
+    lines = ["import sys as _grader_sys",
+             f"for _grader_module in [m for m in _grader_sys.modules if m == {COURSE_PACKAGE!r} "
+             f"or m.startswith({COURSE_PACKAGE + '.'!r})]:",
+             "    del _grader_sys.modules[_grader_module]"]
+    lines += [f"from {fresh_imports[name]} import {name}" for name in needed]
+    return "\n".join(lines)
+
+
+def assemble(key: GradingKey, submission) -> tuple[nbformat.NotebookNode, int]:
+    """The notebook to run for one submission, and how many lab cells it supplied."""
+    lab_ids = {cell.cell_id for cell in key.cells}
+    student_cells, added_after, anchor = {}, {}, None
+    for cell in submission.cells:
+        if cell.cell_type != "code":
+            continue
+        cell_id = cell.get("id")
+        if cell_id in lab_ids and cell_id not in student_cells:
+            student_cells[cell_id], anchor = cell.source, cell_id
+        else:
+            added_after.setdefault(anchor, []).append(cell.source)
+
+    cells = []
+
+    def add(source: str, role: str, **extra) -> None:
+        if source.strip():
+            cells.append(nbformat.v4.new_code_cell(source, metadata={"grader": {"role": role, **extra}}))
+
+    for source in added_after.get(None, []):
+        add(source, "student, added")
+    for lab_cell in key.cells:
+        source = student_cells.get(lab_cell.cell_id, lab_cell.lab_source)
+        origin = "student" if lab_cell.cell_id in student_cells else "lab, deleted by the student"
+        check = lab_cell.check
+        if check is None:
+            add(source, origin, cell_id=lab_cell.cell_id)
+        else:
+            add(student_part(source, check.trusted_source), origin, cell_id=lab_cell.cell_id)
+            preamble = fresh_import_source(check.trusted_source, key.fresh_imports)
+            checked = "\n".join(part for part in (f"# {CHECK_MARK}", preamble, check.trusted_source) if part)
+            cells.append(nbformat.v4.new_code_cell(checked, metadata={
+                "grader": {"role": "check", "cell_id": lab_cell.cell_id, "check_id": check.check_id}}))
+        for added in added_after.get(lab_cell.cell_id, []):
+            add(added, "student, added")
+    notebook = nbformat.v4.new_notebook(cells=cells, metadata={
+        "kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}})
+    return notebook, len(student_cells)
+
+
+# ---------------------------------------------------------------- running it
+
+
+@dataclass(frozen=True)
+class Limits:
+    cell_s: float = CELL_TIMEOUT_S
+    notebook_s: float = NOTEBOOK_TIMEOUT_S
+
+
+def read_submission(path: Path):
+    """The notebook in `path`, or (status, reason) when there is none to grade."""
+    if path.suffix != ".ipynb":
+        return NOT_A_NOTEBOOK, f"{path.name} is not a .ipynb file"
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        return UNREADABLE, f"{path.name} is not valid JSON ({error})"
+    if not isinstance(data, dict) or "cells" not in data or "nbformat" not in data:
+        return NOT_A_NOTEBOOK, f"{path.name} is JSON but not a Jupyter notebook (no cells or nbformat)"
+    try:
+        return nbformat.reads(json.dumps(data), as_version=4)
+    except Exception as error:  # nbformat's own reasons (an unknown version, a broken cell...)
+        return NOT_A_NOTEBOOK, f"{path.name} is not a readable notebook ({type(error).__name__}: {error})"
+
+
+def run_cells(notebook, workdir: Path, limits: Limits) -> tuple[str, str]:
+    """Execute the notebook's cells in a fresh kernel: (status, reason), outputs stored in place."""
+    client = NotebookClient(notebook, kernel_name="python3", allow_errors=True, shutdown_kernel="immediate",
+                            resources={"metadata": {"path": str(workdir)}})
+    env = os.environ | {"INFER_FIGURES_DIR": str(workdir / "figures"),
+                        "INFER_RESULTS_DIR": str(workdir / "results")}
+    deadline = time.monotonic() + limits.notebook_s
+    with client.setup_kernel(env=env):
+        for index, cell in enumerate(notebook.cells):
+            where = _describe(cell)
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return TIMED_OUT, f"the notebook's time limit ({limits.notebook_s:g} s) ran out before {where}"
+            client.timeout = max(1, round(min(limits.cell_s, left)))
+            try:
+                client.execute_cell(cell, index)
+            except CellTimeoutError:
+                limit = ("the cell time limit" if limits.cell_s <= left
+                         else "the notebook's time limit") + f" ({client.timeout} s)"
+                return TIMED_OUT, f"{where} ran past {limit}"
+            except DeadKernelError:
+                return KERNEL_DIED, f"the kernel died in {where}"
+    return GRADED, ""
+
+
+def _describe(cell) -> str:
+    grader = cell.metadata.get("grader", {})
+    if grader.get("role") == "check":
+        return f"the check of cell {grader['cell_id']!r}"
+    if "cell_id" in grader:
+        return f"cell {grader['cell_id']!r}"
+    return "a cell the student added"
+
+
+def score_checks(key: GradingKey, notebook, stopped: str) -> list[CheckResult]:
+    ran = {cell.metadata["grader"]["check_id"]: cell for cell in notebook.cells
+           if cell.metadata["grader"]["role"] == "check" and cell.get("execution_count")}
+    results = []
+    for check in key.checks:
+        result = CheckResult(check.check_id, check.points)
+        cell = ran.get(check.check_id)
+        if cell is None:
+            result.reason = f"not run: {stopped}"
+        else:
+            result.line = printed_line(cell)
+            if result.line == check.expected_line:
+                result.earned = check.points
+            else:
+                result.reason = _why_not(cell, result.line, check.expected_line)
+        results.append(result)
+    return results
+
+
+def _why_not(cell, line: str, expected: str) -> str:
+    errors = [o for o in cell.outputs if o.get("output_type") == "error"]
+    if errors:
+        return f"the check raised {errors[0].ename}: {errors[0].evalue}"
+    if line.startswith("❌"):
+        return line
+    if not line:
+        return "the check printed nothing"
+    return f"printed {line!r}, expected {expected!r}"
+
+
+def grade_submission(path: Path, key: GradingKey, limits: Limits, graded_dir: Path | None = None) -> SubmissionResult:
+    started = time.perf_counter()
+    result = SubmissionResult(path.stem, path.name, GRADED, max_score=key.max_score)
+    submission = read_submission(path)
+    if isinstance(submission, tuple):
+        result.status, result.reason = submission
+        result.checks = [CheckResult(c.check_id, c.points, reason="not graded: " + result.reason) for c in key.checks]
+        return result
+    notebook, matched = assemble(key, submission)
+    if matched == 0:
+        result.reason = "no cell id matches the lab's: was this notebook started from the lab? (every cell is the lab's)"
+    try:
+        with tempfile.TemporaryDirectory(prefix=f"grade-{path.stem}-") as workdir:
+            status, stopped = run_cells(notebook, Path(workdir), limits)
+    except Exception as error:  # the kernel would not start, ...: this student only
+        status, stopped = GRADER_ERROR, f"the grader could not run the notebook ({type(error).__name__}: {error})"
+    result.status = status
+    result.reason = "; ".join(r for r in (stopped, result.reason) if r)
+    result.checks = score_checks(key, notebook, stopped)
+    result.score = sum(c.earned for c in result.checks)
+    result.seconds = round(time.perf_counter() - started, 1)
+    if graded_dir is not None:
+        nbformat.write(notebook, graded_dir / f"{path.stem}.ipynb")
+    return result
+
+
+# ---------------------------------------------------------------- a folder, a gradebook
+
+
+def submission_files(folder: Path) -> list[Path]:
+    written = {GRADEBOOK_CSV, GRADEBOOK_JSON}
+    return sorted(p for p in folder.iterdir()
+                  if p.is_file() and not p.name.startswith(".") and p.name not in written)
+
+
+def grade_folder(number: str, folder: Path, jobs: int = 1, limits: Limits = Limits(),
+                 root: Path = REPO_ROOT, progress: bool = True) -> list[SubmissionResult]:
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise ValueError(f"SUBMISSIONS must be a folder, got {folder}")
+    lab_path, solution_path = find_lab(number, root)
+    key = load_key(lab_path, solution_path)
+    files = submission_files(folder)
+    graded_dir = folder / GRADED_DIR
+    graded_dir.mkdir(exist_ok=True)
+    # Separate processes: each drives its own kernel, and one that goes wrong stays alone.
+    with ProcessPoolExecutor(max_workers=max(1, jobs), mp_context=get_context("spawn")) as pool:
+        futures = [pool.submit(grade_submission, path, key, limits, graded_dir) for path in files]
+        results = [future.result() for future in tqdm(futures, desc=f"grading {key.lab}", unit="notebook",
+                                                       disable=not progress)]
+    write_gradebook(folder, key, results, solution_path.relative_to(root) if solution_path.is_relative_to(root)
+                    else solution_path)
+    return results
+
+
+def _number(value: float):
+    return int(value) if float(value).is_integer() else value
+
+
+def write_gradebook(folder: Path, key: GradingKey, results: list[SubmissionResult], solution: Path) -> None:
+    check_ids = [check.check_id for check in key.checks]
+    with open(folder / GRADEBOOK_CSV, "w", newline="", encoding="utf-8") as out:
+        writer = csv.writer(out)
+        writer.writerow(["student", "score", "max_score", "status", *check_ids])
+        for result in sorted(results, key=lambda r: (r.student, r.file)):
+            earned = {c.check_id: c.earned for c in result.checks}
+            writer.writerow([result.student, _number(result.score), _number(result.max_score), result.status,
+                             *(_number(earned[i]) for i in check_ids)])
+    book = {
+        "lab": key.lab,
+        "key": str(solution),
+        "graded_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "max_score": _number(key.max_score),
+        "checks": [{"id": c.check_id, "cell_id": c.cell_id, "points": _number(c.points),
+                    "expected": c.expected_line} for c in key.checks],
+        "submissions": [asdict(r) for r in sorted(results, key=lambda r: (r.student, r.file))],
+    }
+    (folder / GRADEBOOK_JSON).write_text(json.dumps(book, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("lab", help="lab number, e.g. 02")
+    parser.add_argument("submissions", type=Path, help="folder of <student>.ipynb files")
+    parser.add_argument("-j", "--jobs", type=int, default=1, help="submissions graded at once (default 1)")
+    parser.add_argument("--cell-timeout", type=float, default=CELL_TIMEOUT_S, help="seconds per cell")
+    parser.add_argument("--notebook-timeout", type=float, default=NOTEBOOK_TIMEOUT_S,
+                        help="seconds per submission")
+    args = parser.parse_args(argv)
+    try:
+        results = grade_folder(args.lab, args.submissions, args.jobs, Limits(args.cell_timeout, args.notebook_timeout))
+    except (ValueError, GradingKeyError) as error:
+        print(f"grade: {error}", file=sys.stderr)
+        return 2
+    for r in sorted(results, key=lambda r: r.student):
+        print(f"{r.student:24} {_number(r.score):>5} / {_number(r.max_score):<5} {r.status}"
+              + (f": {r.reason}" if r.reason else ""))
+    print(f"wrote {args.submissions / GRADEBOOK_CSV} and {args.submissions / GRADEBOOK_JSON}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
