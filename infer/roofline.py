@@ -5,10 +5,13 @@ arithmetic intensity I = F / B (FLOP/byte). A device with peak compute P (FLOP/s
 bandwidth W (byte/s) can reach at most min(P, I * W): the roofline. Below the ridge point
 I = P / W, memory is the bottleneck; above it, compute.
 
-One forward pass over n new tokens multiplies every weight matrix by n vectors: about 2n FLOPs
-per weight, while each weight is read once however large n is. So intensity grows with n.
-Prefill (n = prompt length) sits far right; a decode step (n = 1) sits at about
-1 FLOP/byte in bf16 and is limited by how fast the weights stream from memory."""
+One forward pass over m new tokens multiplies every weight matrix by m vectors: about 2m FLOPs
+per weight, while each weight is read once however large m is. But the activations move too:
+every linear layer reads an m-row input and writes an m-row output, and that traffic grows with
+m as fast as the FLOPs do. So a matmul's intensity rises like 2m/b while the weights dominate the
+bytes, then levels off at 2kn / (b (k + n)) once the activations do (`matmul_intensity_limit`).
+A decode step (m = 1) sits at about 1 FLOP/byte in bf16, limited by how fast the weights stream
+from memory; a long prefill sits near that plateau, hundreds of FLOP/byte, right of any ridge."""
 
 from dataclasses import dataclass
 
@@ -28,10 +31,27 @@ def matmul_arithmetic_intensity(m: int, k: int, n: int, bytes_per_element: int) 
     return 2 * m * k * n / (bytes_per_element * (m * k + k * n + m * n))
 
 
+def matmul_intensity_limit(k: int, n: int, bytes_per_element: int) -> float:
+    """The ceiling of `matmul_arithmetic_intensity` as the rows m grow: 2kn / (b (k + n)).
+
+    Dividing numerator and denominator by m: 2kn / (b (k + n + kn/m)). The weight term kn/m fades,
+    and what is left is the cost of reading each row's k inputs and writing its n outputs."""
+    return 2 * k * n / (bytes_per_element * (k + n))
+
+
 @dataclass(frozen=True)
 class ForwardCost:
+    """FLOPs of one forward pass, and the bytes it must move at least, split by what they carry."""
+
     flops: float
-    bytes: float
+    weight_bytes: float  # every weight read once
+    kv_bytes: float  # attention reads the cached keys and values (context and new tokens)
+    linear_activation_bytes: float  # every linear layer reads its input rows and writes its output rows
+    attention_activation_bytes: float  # attention reads the queries and writes its output
+
+    @property
+    def bytes(self) -> float:
+        return self.weight_bytes + self.kv_bytes + self.linear_activation_bytes + self.attention_activation_bytes
 
     @property
     def intensity(self) -> float:
@@ -41,24 +61,52 @@ class ForwardCost:
 def linear_parameters(config: PretrainedConfig) -> int:
     """Weights that multiply every token: attention projections, MLP, and the output head."""
     a = Arch.from_config(config)
+    return a.num_layers * _layer_linear_parameters(a) + a.hidden_size * a.vocab_size
+
+
+def _layer_linear_parameters(a: Arch) -> int:
     q_and_o = 2 * a.hidden_size * a.num_heads * a.head_dim
     k_and_v = 2 * a.hidden_size * a.num_kv_heads * a.head_dim
     mlp = 3 * a.hidden_size * a.intermediate_size  # gate, up and down projections (SwiGLU)
-    return a.num_layers * (q_and_o + k_and_v + mlp) + a.hidden_size * a.vocab_size
+    return q_and_o + k_and_v + mlp
 
 
-def forward_cost(config: PretrainedConfig, new_tokens: int, context_tokens: int, bytes_per_element: int) -> ForwardCost:
+def _layer_linear_widths(a: Arch) -> int:
+    """Elements one token's row brings into and out of one layer's linears: sum of (inputs + outputs)."""
+    q_width, kv_width = a.num_heads * a.head_dim, a.num_kv_heads * a.head_dim
+    projections = (a.hidden_size + q_width) + 2 * (a.hidden_size + kv_width) + (q_width + a.hidden_size)
+    mlp = 2 * (a.hidden_size + a.intermediate_size) + (a.intermediate_size + a.hidden_size)
+    return projections + mlp
+
+
+def forward_cost(config: PretrainedConfig, new_tokens: int, context_tokens: int, bytes_per_element: int,
+                 *, logits_rows: int | None = None) -> ForwardCost:
     """FLOPs and bytes moved by one forward pass (batch 1) over `new_tokens` tokens that attend
-    to `context_tokens` earlier ones held in a KV cache. Activations other than K/V are ignored:
-    they are small next to the weights at these sizes."""
+    to `context_tokens` earlier ones held in a KV cache.
+
+    `logits_rows` is how many positions go through the output head: all new tokens by default (a
+    plain forward pass), 1 for a prefill as servers run it (only the last position's logits pick
+    the first token). Bytes count the weights, the KV cache, and the activation rows that each
+    linear layer and attention read and write, as a fused attention kernel would (no N x N
+    matrix). Elementwise steps (norms, rotary, the SwiGLU product, residual adds) are left out:
+    so the bytes are a lower bound and the intensity an upper bound."""
     a = Arch.from_config(config)
+    rows = new_tokens if logits_rows is None else logits_rows
+    if not 0 <= rows <= new_tokens:
+        raise ValueError(f"logits_rows must be between 0 and new_tokens ({new_tokens}), got {rows}")
+    head = a.hidden_size * a.vocab_size
     attended = context_tokens + (new_tokens + 1) / 2  # on average, with the causal mask
     attention_flops = 4 * a.num_layers * a.num_heads * a.head_dim * new_tokens * attended  # QK^T and PV
-    flops = 2 * linear_parameters(config) * new_tokens + attention_flops
+    linear_flops = 2 * a.num_layers * _layer_linear_parameters(a) * new_tokens + 2 * head * rows
     kv_bytes_per_token = kv_token_bytes(a.num_layers, a.num_kv_heads, a.head_dim, bytes_per_element)
-    weight_bytes = linear_parameters(config) * bytes_per_element
-    moved = weight_bytes + kv_bytes_per_token * (context_tokens + new_tokens)  # read the cache, write the new K/V
-    return ForwardCost(flops=flops, bytes=moved)
+    linear_rows = a.num_layers * _layer_linear_widths(a) * new_tokens + (a.hidden_size + a.vocab_size) * rows
+    return ForwardCost(
+        flops=linear_flops + attention_flops,
+        weight_bytes=linear_parameters(config) * bytes_per_element,
+        kv_bytes=kv_bytes_per_token * (context_tokens + new_tokens),
+        linear_activation_bytes=linear_rows * bytes_per_element,
+        attention_activation_bytes=2 * a.num_layers * a.num_heads * a.head_dim * new_tokens * bytes_per_element,
+    )
 
 
 def measure_matmul_flops(device: str, dtype: torch.dtype, size: int, repeats: int = 5) -> float:
@@ -91,6 +139,24 @@ def plot_roofline(ax: plt.Axes, peak_flops: float, bandwidth: float, points: dic
     # Beside the axes, not inside: points can land anywhere under the roof.
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0)
     ax.figure.subplots_adjust(right=0.62)
+    ax.grid(True, which="both", alpha=0.3)
+
+
+def plot_matmul_saturation(ax: plt.Axes, weights: dict[str, tuple[int, int]], bytes_per_element: int,
+                           max_rows: int = 65536) -> None:
+    """Intensity of m activation rows times each [k, n] weight, against m: it follows 2m/b while the
+    weight dominates the bytes, then flattens at its ceiling 2kn / (b (k + n)) (dashed)."""
+    rows = np.unique(np.logspace(0, np.log10(max_rows), 200).astype(int))
+    ax.loglog(rows, 2 * rows / bytes_per_element, color="0.6", linestyle=":", label="2m/b (weights only)")
+    for i, (label, (k, n)) in enumerate(weights.items()):
+        ax.loglog(rows, [matmul_arithmetic_intensity(m, k, n, bytes_per_element) for m in rows], color=f"C{i}",
+                  label=f"{label}: [m, {k}] @ [{k}, {n}]")
+        ceiling = matmul_intensity_limit(k, n, bytes_per_element)
+        ax.axhline(ceiling, color=f"C{i}", linestyle="--", linewidth=0.8, label=f"ceiling 2kn/(b(k+n)) = {ceiling:,.0f}")
+    ax.set_ylim(top=max(matmul_intensity_limit(k, n, bytes_per_element) for k, n in weights.values()) * 3)
+    ax.set_xlabel("activation rows m (tokens in the pass)")
+    ax.set_ylabel("arithmetic intensity (FLOP/byte)")
+    ax.legend(fontsize=8)
     ax.grid(True, which="both", alpha=0.3)
 
 
