@@ -1,0 +1,41 @@
+"""`python -m infer.serve` (`make serve`): the course engine behind its OpenAI-compatible API, in
+the foreground, on 127.0.0.1, with this machine's profile and model."""
+
+import argparse
+
+import uvicorn
+
+from infer.models import load_model
+from infer.profiles import pick_profile
+from infer.serve.app import build_app
+from infer.serve.server import LOOPBACK, EngineSettings, build_served
+
+
+def main(argv: list[str] | None = None) -> None:
+    defaults = EngineSettings()
+    parser = argparse.ArgumentParser(prog="python -m infer.serve", description=__doc__)
+    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--profile", default=None, help="cpu or gpu (default: picked from the hardware)")
+    parser.add_argument("--weights", default="auto", choices=("auto", "pretrained", "random"))
+    parser.add_argument("--policy", default=defaults.policy)
+    parser.add_argument("--max-num-seqs", type=int, default=defaults.max_num_seqs)
+    parser.add_argument("--max-num-batched-tokens", type=int, default=defaults.max_num_batched_tokens)
+    parser.add_argument("--max-model-len", type=int, default=defaults.max_model_len)
+    args = parser.parse_args(argv)
+
+    lm = load_model(profile=pick_profile(args.profile), weights=args.weights)
+    settings = EngineSettings(args.policy, args.max_num_seqs, args.max_num_batched_tokens, args.max_model_len)
+    served = build_served(lm, settings)
+    url = f"http://{LOOPBACK}:{args.port}/v1"
+    print(f"Serving {served.model_name} ({settings.policy} policy) at {url}  (OpenAI-compatible; also "
+          f"http://{LOOPBACK}:{args.port}/metrics and /health). Try:\n"
+          f"  curl {url}/completions -H 'Content-Type: application/json' "
+          f"-d '{{\"model\": \"{served.model_name}\", \"prompt\": \"Hello\", \"max_tokens\": 8}}'", flush=True)
+    try:
+        uvicorn.run(build_app(served), host=LOOPBACK, port=args.port, log_level="warning")
+    finally:
+        served.engine_thread.stop()
+
+
+if __name__ == "__main__":
+    main()
