@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from infer import checks
+from infer.course import checks
 from infer.course.checks import Case, close_to, grade_answer, grade_function, make_key, same_tokens
 
 MS_KEY = make_key("99.q1", 0.64, unit="ms", sig=2)
