@@ -11,12 +11,16 @@ def new_cache(model) -> DynamicCache:
     return DynamicCache(config=model.config)
 
 
-def forward(model, input_ids: torch.Tensor, cache: DynamicCache | None = None) -> torch.Tensor:
-    """Logits [batch, seq, vocab] of one forward pass; with a cache, its K/V are read and extended."""
+def forward(model, input_ids: torch.Tensor, cache: DynamicCache | None = None, *, last_only: bool = False) -> torch.Tensor:
+    """Logits [batch, seq, vocab] of one forward pass; with a cache, its K/V are read and extended.
+
+    `last_only=True` runs the output head on the last position only ([batch, 1, vocab]), as a
+    server's prefill does: only that row picks the next token."""
+    rows = {"logits_to_keep": 1} if last_only else {}
     if cache is None:
-        return model(input_ids, use_cache=False).logits
+        return model(input_ids, use_cache=False, **rows).logits
     name = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
-    return model(input_ids, use_cache=True, **{name: cache}).logits
+    return model(input_ids, use_cache=True, **{name: cache}, **rows).logits
 
 
 @torch.no_grad()

@@ -3,11 +3,13 @@
 - `naive_greedy_generate`: the simplest correct loop. Every step runs the model over the whole
   sequence so far and keeps only the last position's prediction: correct, and quadratic.
 - `prefill_ms` / `decode_step_ms`: the two phases timed apart, with `transformers`' KV cache.
-  Prefill processes a whole prompt in one forward pass; a decode step processes one token
-  against the cached keys and values of everything before it.
+  Prefill processes a whole prompt in one forward pass (logits for its last position only, as
+  servers do); a decode step processes one token against the cached keys and values of
+  everything before it.
 - `sweep_prefill_decode` and the plots: the experiments of the week 01 lecture, sized by profile.
 """
 
+import copy
 import time
 from dataclasses import dataclass
 
@@ -51,9 +53,17 @@ def ttft_and_tpot_ms(send_time_s: float, token_times_s: list[float]) -> tuple[fl
 
 
 @torch.no_grad()
+def prefill(model, prompt_ids: torch.Tensor, cache) -> torch.Tensor:
+    """The prefill as servers run it: the whole prompt in one pass, filling `cache`, with logits for
+    the last position only ([batch, 1, vocab]). Those logits pick the first output token; the other
+    rows would cost a [prompt_len, vocab] product that nobody reads."""
+    return hf.forward(model, prompt_ids, cache, last_only=True)
+
+
+@torch.no_grad()
 def prefill_ms(model, prompt_ids: torch.Tensor, *, warmup: int = 1, repeats: int = 5) -> Timing:
-    """One forward pass over the whole prompt, filling a fresh KV cache: the prefill phase."""
-    return benchmark(lambda: hf.forward(model, prompt_ids, hf.new_cache(model)),
+    """Time `prefill` into a fresh KV cache: the prefill phase, up to the first token's logits."""
+    return benchmark(lambda: prefill(model, prompt_ids, hf.new_cache(model)),
                      device=prompt_ids.device, warmup=warmup, repeats=repeats)
 
 
@@ -71,26 +81,25 @@ def decode_step_ms(model, context_ids: torch.Tensor, *, warmup: int = 1, repeats
     return benchmark(one_step, device=context_ids.device, warmup=warmup, repeats=repeats)
 
 
-def verify_naive_loop(model, config, fn=None, *, qid: str = "01.naive_loop", prompt_lens=(5, 17, 40),
-                      new_tokens: int = 12, seed: int = 0):
-    """Is `fn` (default: `naive_greedy_generate`) token-identical to `transformers`' greedy generate()?
+def compare_with_generate(model, config, loop=naive_greedy_generate, *, prompt_lens=(5, 17, 40), new_tokens: int = 12,
+                          seed: int = 0) -> str:
+    """One line: does `loop` give the tokens of `transformers`' greedy generate() on fresh random prompts?
 
-    Runs both on fresh random prompts and returns an `infer.course.checks.Verdict` (one line to print).
-    The comparison runs in float32: in bf16 the cached (generate) and uncached (naive) paths round
-    differently, and with random weights a near-tie argmax can flip without any bug."""
-    import copy
-
-    from infer.course.checks import Case, grade_function, same_tokens
-
-    fn = fn or naive_greedy_generate
+    Greedy decoding is deterministic, so a correct loop agrees token for token. The comparison runs
+    in float32: in bf16 the cached (generate) and uncached (naive) paths round differently, and with
+    random weights a near-tie argmax can flip without any bug."""
     fp32_model = model if next(model.parameters()).dtype == torch.float32 else copy.deepcopy(model).float()
     device = next(model.parameters()).device
-    cases = [Case(f"a {length}-token prompt (seed {seed + i})",
-                  (fp32_model, random_prompt_ids(config, length, seed=seed + i).to(device), new_tokens))
-             for i, length in enumerate(prompt_lens)]
-    return grade_function(qid, fn, hf.greedy_generate, cases, same_tokens,
-                          success=f"token-identical to transformers' generate() on {len(cases)} random prompts "
-                                  f"({new_tokens} new tokens each, float32)")
+    for i, length in enumerate(prompt_lens):
+        prompt = random_prompt_ids(config, length, seed=seed + i).to(device)
+        got, expected = loop(fp32_model, prompt, new_tokens), hf.greedy_generate(fp32_model, prompt, new_tokens)
+        if not torch.equal(got, expected):
+            differ = (got != expected).nonzero() if got.shape == expected.shape else None
+            where = f"first at new token {differ[0, 1].item()}" if differ is not None else f"shape {tuple(got.shape)}"
+            return (f"differs from transformers' generate() on a {length}-token prompt (seed {seed + i}), {where}: "
+                    f"{got.tolist()} vs {expected.tolist()}")
+    return (f"token-identical to transformers' generate() on {len(prompt_lens)} random prompts "
+            f"({new_tokens} new tokens each, float32)")
 
 
 # ---------------------------------------------------------------- the week 01 experiments
@@ -114,6 +123,9 @@ PHASE_SIZES = {
     # A 1.5B model on one GPU: up to 8192-token prompts, where prefill is clearly compute-bound.
     "gpu": PhaseSizes(sweep_prompt_lens=(128, 256, 512, 1024, 2048, 4096, 8192), prefill_repeats=10, decode_repeats=20,
                       naive_prompt_len=1024, naive_new_tokens=128),
+    # The gpu sweep's shape (seven doublings) on the dry run's 0.9M Qwen2 in bf16: seconds on a CPU.
+    "gpu-dryrun": PhaseSizes(sweep_prompt_lens=(4, 8, 16, 32, 64, 128, 256), prefill_repeats=2, decode_repeats=3,
+                             naive_prompt_len=64, naive_new_tokens=16),
 }
 
 

@@ -39,15 +39,15 @@ def test_naive_greedy_generate_records_one_increasing_timestamp_per_token(tiny):
     assert stamps == sorted(stamps), "token timestamps must be non-decreasing"
 
 
-def test_verify_naive_loop_passes_the_reference_and_catches_an_off_by_one(tiny):
-    ok = pd.verify_naive_loop(tiny.model, tiny.config)
-    assert ok.ok and ok.line.startswith("✅ 01.naive_loop correct"), f"the reference loop must pass its own check: {ok.line}"
+def test_compare_with_generate_agrees_for_the_naive_loop_and_names_an_off_by_one(tiny):
+    line = pd.compare_with_generate(tiny.model, tiny.config)
+    assert line.startswith("token-identical") and "3 random prompts" in line, f"the naive loop must agree: {line}"
 
     def shifted(model, prompt_ids, max_new_tokens):  # drops the first new token: a classic slicing bug
         return pd.naive_greedy_generate(model, prompt_ids, max_new_tokens + 1)[:, 1:]
 
-    bad = pd.verify_naive_loop(tiny.model, tiny.config, shifted)
-    assert not bad.ok and "differs" in bad.line, f"an off-by-one loop must fail with the position that differs: {bad.line}"
+    bad = pd.compare_with_generate(tiny.model, tiny.config, shifted)
+    assert bad.startswith("differs") and "first at new token 0" in bad, f"an off-by-one loop must be named: {bad}"
 
 
 def test_ttft_and_tpot_on_hand_computed_timestamps():
@@ -69,6 +69,16 @@ def test_token_gaps_start_with_ttft_then_inter_token_gaps():
     assert gaps == pytest.approx([100.0, 50.0, 200.0]), f"expected [TTFT, gap, gap] = [100, 50, 200] ms, got {gaps}"
     with pytest.raises(ValueError):
         pd.token_gaps_ms(0.0, [])
+
+
+def test_prefill_fills_the_cache_and_computes_only_the_last_rows_logits(tiny):
+    prompt = random_prompt_ids(tiny.config, 20, seed=5)
+    cache = hf.new_cache(tiny.model)
+    logits = pd.prefill(tiny.model, prompt, cache)
+    assert logits.shape == (1, 1, tiny.config.vocab_size), (
+        f"a server's prefill computes the logits of the last position only, got shape {tuple(logits.shape)}")
+    assert cache.get_seq_length() == 20, "the prefill must leave every prompt token's K/V in the cache"
+    torch.testing.assert_close(logits[:, 0], hf.forward(tiny.model, prompt)[:, -1], rtol=1e-4, atol=1e-4)
 
 
 def test_prefill_ms_returns_the_requested_number_of_positive_samples(tiny):
