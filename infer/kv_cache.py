@@ -9,7 +9,10 @@ computes them for its one new token only, instead of recomputing the whole prefi
   `torch.cat`s the old tensor with the new entries, so each step copies the whole past again.
 
 Both serve the model through `write(layer, seq_id, start, k, v)` and `read(layer, seq_id, end)`,
-with k and v shaped [kv_heads, n, head_dim], and report the bytes they hold (`nbytes`).
+with k and v shaped [kv_heads, n, head_dim], and report the bytes they hold (`nbytes`). For a
+serving step's decodes (week 05), `write_tokens` stores one new token of each of several
+sequences and `gather` reads their keys and values padded to one length, so that all decodes
+share one attention call.
 """
 
 import torch
@@ -41,6 +44,22 @@ class KVCache:
     def read(self, layer: int, seq_id: int, end: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Keys and values of positions 0..end-1 of sequence `seq_id`: views, no copy."""
         return self.k[layer][seq_id, :, :end], self.v[layer][seq_id, :, :end]
+
+    def write_tokens(self, layer: int, seq_ids: list[int], positions: list[int], k: torch.Tensor, v: torch.Tensor) -> None:
+        """Store one token per sequence: k, v [B, kv_heads, head_dim] at positions[i] of seq_ids[i]."""
+        for seq_id, position in zip(seq_ids, positions):
+            _check_write(seq_id, position, position + 1, self.max_seqs, self.max_len, self.lengths)
+        slots, at = torch.tensor(seq_ids, device=k.device), torch.tensor(positions, device=k.device)
+        self.k[layer][slots, :, at] = k
+        self.v[layer][slots, :, at] = v
+        for seq_id, position in zip(seq_ids, positions):
+            self.lengths[seq_id] = position + 1
+
+    def gather(self, layer: int, seq_ids: list[int], end: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys and values of positions 0..end-1 of each sequence, [B, kv_heads, end, head_dim] (a
+        copy); positions a sequence has not filled hold stale values that the caller masks out."""
+        slots = torch.tensor(seq_ids, device=self.k[layer].device)
+        return self.k[layer][slots, :, :end], self.v[layer][slots, :, :end]
 
     @classmethod
     def for_model(cls, model, max_seqs: int, max_len: int) -> "KVCache":
@@ -76,6 +95,17 @@ class ConcatKVCache:
 
     def read(self, layer: int, seq_id: int, end: int) -> tuple[torch.Tensor, torch.Tensor]:
         return self.k[layer][seq_id][:, :end], self.v[layer][seq_id][:, :end]
+
+    def write_tokens(self, layer: int, seq_ids: list[int], positions: list[int], k: torch.Tensor, v: torch.Tensor) -> None:
+        for i, (seq_id, position) in enumerate(zip(seq_ids, positions)):  # one torch.cat each: this cache's cost
+            self.write(layer, seq_id, position, k[i, :, None], v[i, :, None])
+
+    def gather(self, layer: int, seq_ids: list[int], end: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each sequence's keys and values, zero-padded to `end` positions: [B, kv_heads, end, head_dim]."""
+        def padded(t: torch.Tensor) -> torch.Tensor:
+            return torch.nn.functional.pad(t[:, :end], (0, 0, 0, end - min(t.shape[1], end)))
+        return (torch.stack([padded(self.k[layer][s]) for s in seq_ids]),
+                torch.stack([padded(self.v[layer][s]) for s in seq_ids]))
 
     @classmethod
     def for_model(cls, model) -> "ConcatKVCache":

@@ -221,11 +221,34 @@ class Attention(nn.Module):
         k = apply_rotary(self.k(x).view(n, self.num_kv_heads, self.head_dim), cos, sin)
         v = self.v(x).view(n, self.num_kv_heads, self.head_dim)
         out = torch.empty_like(q)
-        for run in runs:  # one sequence at a time: simple, and exact
-            cache.write(layer, run.seq_id, run.start, k[run.rows].transpose(0, 1), v[run.rows].transpose(0, 1))
-            keys, values = cache.read(layer, run.seq_id, run.end)  # [kv_heads, end, head_dim]
-            out[run.rows] = causal_attention(q[run.rows], keys, values, run.start)
+        decodes = [run for run in runs if run.n == 1]
+        if decodes:  # every one-token run (a decode) in one batched call
+            rows = torch.tensor([run.row for run in decodes], device=x.device)
+            out[rows] = batched_decode_attention(q[rows], k[rows], v[rows], cache, layer, decodes)
+        for run in runs:  # prompts and prompt chunks: one sequence at a time, simple and exact
+            if run.n > 1:
+                cache.write(layer, run.seq_id, run.start, k[run.rows].transpose(0, 1), v[run.rows].transpose(0, 1))
+                keys, values = cache.read(layer, run.seq_id, run.end)  # [kv_heads, end, head_dim]
+                out[run.rows] = causal_attention(q[run.rows], keys, values, run.start)
         return self.o(out.view(n, self.num_heads * self.head_dim))
+
+
+def batched_decode_attention(q, k, v, cache, layer: int, runs: list[SeqRun]) -> torch.Tensor:
+    """B one-token queries q [B, heads, d] of B different sequences, with their new k, v
+    [B, kv_heads, d], in one attention call: write the new entries, gather each sequence's keys
+    padded to the longest (cache.gather), and mask each row to its own length.
+
+    A masked key gets weight exactly 0 (exp(-inf)), so the result equals each sequence's own
+    attention over its own keys, up to float rounding."""
+    seq_ids, positions = [run.seq_id for run in runs], [run.start for run in runs]
+    cache.write_tokens(layer, seq_ids, positions, k, v)
+    longest = max(positions) + 1
+    keys, values = cache.gather(layer, seq_ids, longest)  # [B, kv_heads, longest, d]
+    lengths = torch.tensor(positions, device=q.device) + 1
+    mask = torch.arange(longest, device=q.device)[None, :] < lengths[:, None]  # [B, longest]
+    out = F.scaled_dot_product_attention(q[:, :, None], keys, values, attn_mask=mask[:, None, None, :],
+                                         enable_gqa=True)
+    return out[:, :, 0]  # [B, heads, d]
 
 
 def causal_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, start: int) -> torch.Tensor:

@@ -1,0 +1,167 @@
+"""The engine loop: add requests, then step until none is left. Each step is three moves:
+
+    work = scheduler.schedule()          # who runs, and how many of their tokens
+    tokens = runner.run(work)            # one forward pass over the flat batch, then sampling
+    outputs = scheduler.update(work, tokens)   # append tokens, retire the finished, free their slots
+
+`add_request`, `step` and `abort` hold one lock, so a server may add and abort requests from
+other threads while one background thread calls `step` (week 07).
+"""
+
+import itertools
+import threading
+import time
+from dataclasses import dataclass
+from typing import Sequence as Seq
+
+import torch
+from tqdm.auto import tqdm
+
+from infer.engine.kv_store import KVStore, SlotKVStore
+from infer.engine.model_runner import ModelRunner
+from infer.engine.sampler import Sampler
+from infer.engine.scheduler import Limits, Policy, Scheduler, make_policy
+from infer.engine.sequence import CompletionResult, RequestOutput, SamplingParams, Sequence, Status
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    """What one step ran, for timelines and occupancy charts (kept when `log_steps=True`)."""
+
+    index: int
+    request_ids: tuple[str, ...]  # the sequences in the forward pass, in batch order
+    num_tokens: int  # rows of the flat batch
+    num_prefill_tokens: int
+    slots: tuple[int, ...]  # each request's KV slot, same order as request_ids
+    start: float  # time.perf_counter() around the step, device synchronized at the end
+    end: float
+
+
+class Engine:
+    def __init__(self, model, policy: str | Policy = "continuous", max_num_seqs: int = 32,
+                 max_num_batched_tokens: int = 2048, max_model_len: int = 2048, *,
+                 kv_store: KVStore | None = None, log_steps: bool = False):
+        for name, value in (("max_num_seqs", max_num_seqs), ("max_num_batched_tokens", max_num_batched_tokens),
+                            ("max_model_len", max_model_len)):
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        self.model = model
+        self.vocab_size = model.arch.vocab_size
+        self.max_model_len = max_model_len
+        self.policy = make_policy(policy) if isinstance(policy, str) else policy
+        self.limits = Limits(max_num_seqs, max_num_batched_tokens)
+        self.kv_store = kv_store or SlotKVStore.for_model(model, max_num_seqs, max_model_len)
+        eos = model.config.eos_token_id
+        eos_ids = set() if eos is None else set(eos) if isinstance(eos, (list, tuple)) else {eos}
+        self.scheduler = Scheduler(self.policy, self.limits, self.kv_store, eos_ids, max_model_len)
+        self.sampler = Sampler(model.embed.weight.device)
+        self.runner = ModelRunner(model, self.kv_store.cache, self.sampler)
+        self.requests: dict[str, Sequence] = {}  # unfinished requests by id
+        self.ids = (str(i) for i in itertools.count())
+        self.lock = threading.RLock()
+        self.step_log: list[StepRecord] | None = [] if log_steps else None
+        self.num_steps = 0
+
+    # ------------------------------------------------------------ requests in
+
+    def add_request(self, prompt_token_ids: Seq[int] | torch.Tensor, params: SamplingParams | None = None, *,
+                    request_id: str | None = None, arrival_time: float | None = None) -> str:
+        """Queue one request and return its id; bad input raises ValueError and changes nothing."""
+        params = params or SamplingParams()
+        prompt = self._checked_prompt(prompt_token_ids)
+        params.validate()
+        with self.lock:
+            request_id = self._new_request_id(request_id)
+            self._check_lengths(len(prompt), params)
+            seq = Sequence(request_id, prompt, params, time.perf_counter() if arrival_time is None else arrival_time)
+            self.requests[request_id] = seq
+            self.sampler.add(request_id, params)
+            self.scheduler.add(seq)
+        return request_id
+
+    def _checked_prompt(self, prompt_token_ids) -> list[int]:
+        if isinstance(prompt_token_ids, torch.Tensor):
+            if prompt_token_ids.dim() > 1 and prompt_token_ids.shape[0] != 1:
+                raise ValueError(f"one prompt per request: got a tensor of shape {tuple(prompt_token_ids.shape)}")
+            prompt_token_ids = prompt_token_ids.reshape(-1).tolist()
+        prompt = list(prompt_token_ids)
+        if not prompt:
+            raise ValueError("the prompt is empty: a request needs at least one prompt token")
+        bad = [t for t in prompt if not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < self.vocab_size]
+        if bad:
+            raise ValueError(f"token id {bad[0]!r} is out of vocabulary: ids must be integers in "
+                             f"[0, {self.vocab_size}) (vocab_size={self.vocab_size})")
+        return prompt
+
+    def _new_request_id(self, request_id: str | None) -> str:
+        if request_id is None:
+            request_id = next(i for i in self.ids if i not in self.requests)
+        if request_id in self.requests:
+            raise ValueError(f"request id {request_id!r} is already in use by an unfinished request")
+        return request_id
+
+    def _check_lengths(self, prompt_len: int, params: SamplingParams) -> None:
+        if prompt_len + params.max_tokens > self.max_model_len:
+            raise ValueError(f"This model's maximum context length is {self.max_model_len} tokens. However, you "
+                             f"requested {prompt_len + params.max_tokens} tokens ({prompt_len} in the prompt, "
+                             f"{params.max_tokens} for the completion). Please reduce the prompt or max_tokens.")
+        if prompt_len > self.limits.max_num_batched_tokens and not self.policy.splits_prompts:
+            raise ValueError(f"the prompt has {prompt_len} tokens, more than max_num_batched_tokens="
+                             f"{self.limits.max_num_batched_tokens}: policy {self.policy.name!r} prefills a "
+                             f"whole prompt in one step (a chunked policy would split it)")
+
+    def abort(self, request_id: str) -> None:
+        """Drop an unfinished request and free its KV room at once; unknown or finished ids are ignored."""
+        with self.lock:
+            seq = self.requests.pop(request_id, None)
+            if seq is not None:
+                self.scheduler.finish(seq, "abort")
+                self.sampler.remove(request_id)
+
+    def has_unfinished(self) -> bool:
+        with self.lock:
+            return self.scheduler.has_unfinished()
+
+    # ------------------------------------------------------------ the loop
+
+    def step(self) -> list[RequestOutput]:
+        """Run one step; return what it produced, one output per request that got a token."""
+        with self.lock:
+            start = time.perf_counter()
+            work = self.scheduler.schedule()
+            if not work:
+                return []
+            tokens = self.runner.run(work)  # ends with the sampled tokens on the host: the device is synchronized
+            outputs = self.scheduler.update(work, tokens)
+            for out in outputs:
+                if out.finished:
+                    del self.requests[out.request_id]
+                    self.sampler.remove(out.request_id)
+            if self.step_log is not None:
+                self.step_log.append(StepRecord(
+                    self.num_steps, tuple(w.seq.request_id for w in work), sum(w.num_tokens for w in work),
+                    sum(w.num_tokens for w in work if w.start < w.seq.num_prompt_tokens),
+                    tuple(w.seq.slot if w.seq.status is Status.RUNNING else -1 for w in work),
+                    start, time.perf_counter()))
+            self.num_steps += 1
+            return outputs
+
+    def generate(self, prompts: Seq[Seq[int]], params: SamplingParams | Seq[SamplingParams] | None = None, *,
+                 progress: bool = True) -> list[CompletionResult]:
+        """Offline batch generation: queue every prompt, step until all finish, return results in input order."""
+        params_list = list(params) if isinstance(params, (list, tuple)) else [params] * len(prompts)
+        if len(params_list) != len(prompts):
+            raise ValueError(f"{len(params_list)} SamplingParams for {len(prompts)} prompts: give one, or one per prompt")
+        ids = [self.add_request(p, sp) for p, sp in zip(prompts, params_list)]
+        prompt_ids = {rid: self.requests[rid].prompt_token_ids for rid in ids}
+        tokens = {rid: [] for rid in ids}
+        reasons = {}
+        with tqdm(total=len(ids), desc=f"engine ({self.policy.name})", unit="req", disable=not progress) as bar:
+            while len(reasons) < len(ids):
+                for out in self.step():
+                    if out.request_id in tokens:
+                        tokens[out.request_id] += out.new_token_ids
+                        if out.finished:
+                            reasons[out.request_id] = out.finish_reason
+                            bar.update(1)
+        return [CompletionResult(rid, prompt_ids[rid], tokens[rid], reasons[rid]) for rid in ids]

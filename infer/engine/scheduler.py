@@ -1,0 +1,163 @@
+"""Which requests run in the next step, and how many of their tokens: pure Python over two
+queues, testable without a model.
+
+The scheduler holds `waiting` (arrived, no KV slot yet, first come first served) and `running`
+(holding a slot). Each step, its policy decides how many waiting requests to admit and what work
+the step does, as (sequence, number of tokens to compute) items; the scheduler hands out the KV
+slots, and after the forward pass `update` appends the sampled tokens and retires what finished.
+
+Policies (week 05; week 06 adds "chunked" through the same `Policy` interface):
+- static: admit a batch into an empty engine only, then run it until its last request ends;
+- continuous: admit whenever a slot is free, between decode steps. Prefill-first: a step that
+  admits requests runs only their whole prompts, and the running decodes wait for it.
+"""
+
+from collections import deque
+from dataclasses import dataclass
+from typing import Callable, Protocol
+
+from infer.engine.kv_store import KVStore
+from infer.engine.sequence import RequestOutput, Sequence, Status
+
+
+@dataclass(frozen=True)
+class Limits:
+    max_num_seqs: int  # sequences running at once (KV slots)
+    max_num_batched_tokens: int  # tokens in one forward pass
+
+
+@dataclass(frozen=True)
+class Work:
+    """Compute tokens [start, start + num_tokens) of `seq` in this step."""
+
+    seq: Sequence
+    start: int
+    num_tokens: int
+
+    @property
+    def samples(self) -> bool:
+        """Does this item end at the sequence's newest token, so that the next one is sampled?"""
+        return self.start + self.num_tokens == self.seq.num_tokens
+
+
+# An admission decision: how many of the waiting requests (their prompt lengths, oldest first)
+# join now, given how many run and the limits. First come, first served: only a prefix of the queue.
+Admission = Callable[[list[int], int, int, int], int]
+
+
+def admit_continuous(waiting_prompt_lens: list[int], num_running: int, max_num_seqs: int,
+                     max_num_batched_tokens: int) -> int:
+    """Fill the free slots from the head of the queue, as long as the prompts fit into one step's
+    token budget; stop at the first that does not fit, so that nobody overtakes it."""
+    free_slots, budget, admitted = max_num_seqs - num_running, max_num_batched_tokens, 0
+    for length in waiting_prompt_lens[:max(free_slots, 0)]:
+        if length > budget:
+            break
+        budget -= length
+        admitted += 1
+    return admitted
+
+
+def admit_static(waiting_prompt_lens: list[int], num_running: int, max_num_seqs: int,
+                 max_num_batched_tokens: int) -> int:
+    """A new batch only into an empty engine: whoever arrives later waits for the whole batch."""
+    if num_running:
+        return 0
+    return admit_continuous(waiting_prompt_lens, 0, max_num_seqs, max_num_batched_tokens)
+
+
+class Policy(Protocol):
+    name: str
+    splits_prompts: bool  # may a prompt's prefill span several steps? (False: it must fit one step's budget)
+
+    def plan(self, waiting: list[Sequence], running: list[Sequence], limits: Limits) -> tuple[int, list[tuple[Sequence, int]]]:
+        """How many waiting requests to admit (a prefix of `waiting`), and the step's
+        (sequence, tokens to compute) items, which may include the admitted ones."""
+
+
+class PrefillFirst:
+    """Admit by `admission`; a step with newcomers runs their whole prompts and nothing else,
+    otherwise every running sequence decodes one token."""
+
+    splits_prompts = False
+
+    def __init__(self, name: str, admission: Admission):
+        self.name, self.admission = name, admission
+
+    def plan(self, waiting, running, limits):
+        admitted = self.admission([s.num_uncomputed_tokens for s in waiting], len(running),
+                                  limits.max_num_seqs, limits.max_num_batched_tokens)
+        if admitted:
+            return admitted, [(s, s.num_uncomputed_tokens) for s in waiting[:admitted]]
+        return 0, [(s, 1) for s in running]
+
+
+def make_policy(name: str) -> Policy:
+    if name == "static":
+        return PrefillFirst("static", admit_static)
+    if name == "continuous":
+        return PrefillFirst("continuous", admit_continuous)
+    raise ValueError(f"unknown policy {name!r}; valid policies: 'static', 'continuous'")
+
+
+class Scheduler:
+    def __init__(self, policy: Policy, limits: Limits, kv_store: KVStore, eos_token_ids: set[int],
+                 max_model_len: int):
+        self.policy, self.limits, self.kv_store = policy, limits, kv_store
+        self.eos_token_ids, self.max_model_len = eos_token_ids, max_model_len
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+
+    def add(self, seq: Sequence) -> None:
+        self.waiting.append(seq)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def schedule(self) -> list[Work]:
+        """Admit what the policy admits (giving each a KV slot), and return the step's work."""
+        num_admitted, plan = self.policy.plan(list(self.waiting), list(self.running), self.limits)
+        for _ in range(num_admitted):
+            seq = self.waiting[0]
+            if not self.kv_store.can_allocate(seq):
+                raise RuntimeError(f"policy {self.policy.name!r} admitted {seq.request_id!r} "
+                                   f"but the KV store has no room for it")
+            self.waiting.popleft()
+            self.kv_store.allocate(seq)
+            seq.status = Status.RUNNING
+            self.running.append(seq)
+        return [Work(seq, seq.num_computed_tokens, n) for seq, n in plan]
+
+    def update(self, work: list[Work], sampled: list[int]) -> list[RequestOutput]:
+        """Account for a finished step: `sampled` holds one token per item that samples, in order."""
+        tokens = iter(sampled)
+        outputs = []
+        for item in work:
+            seq = item.seq
+            seq.num_computed_tokens = item.start + item.num_tokens
+            if not item.samples:
+                continue  # a prefill chunk with more of its prompt to come (week 06)
+            token = next(tokens)
+            seq.output_token_ids.append(token)
+            reason = self.finish_reason(seq, token)
+            if reason is not None:
+                self.finish(seq, reason)
+            outputs.append(RequestOutput(seq.request_id, [token], reason is not None, reason))
+        return outputs
+
+    def finish_reason(self, seq: Sequence, token: int) -> str | None:
+        params = seq.params
+        if (token in self.eos_token_ids and not params.ignore_eos) or token in params.stop_token_ids:
+            return "stop"
+        if len(seq.output_token_ids) >= params.max_tokens or seq.num_tokens >= self.max_model_len:
+            return "length"
+        return None
+
+    def finish(self, seq: Sequence, reason: str) -> None:
+        """Retire `seq` from whichever queue holds it, and give back its KV room."""
+        if seq.status is Status.RUNNING:
+            self.running.remove(seq)
+            self.kv_store.free(seq)
+        elif seq.status is Status.WAITING:
+            self.waiting.remove(seq)
+        seq.status, seq.finish_reason = Status.FINISHED, reason
