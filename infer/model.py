@@ -221,12 +221,15 @@ class Attention(nn.Module):
         k = apply_rotary(self.k(x).view(n, self.num_kv_heads, self.head_dim), cos, sin)
         v = self.v(x).view(n, self.num_kv_heads, self.head_dim)
         out = torch.empty_like(q)
-        decodes = [run for run in runs if run.n == 1]
+        # A cache with only write/read (lab 02 asks students for exactly those two) takes the
+        # per-sequence path for decodes too; the library's caches batch them.
+        batched = hasattr(cache, "write_tokens")
+        decodes = [run for run in runs if run.n == 1] if batched else []
         if decodes:  # every one-token run (a decode) in one batched call
             rows = torch.tensor([run.row for run in decodes], device=x.device)
             out[rows] = batched_decode_attention(q[rows], k[rows], v[rows], cache, layer, decodes)
         for run in runs:  # prompts and prompt chunks: one sequence at a time, simple and exact
-            if run.n > 1:
+            if run.n > 1 or not batched:
                 cache.write(layer, run.seq_id, run.start, k[run.rows].transpose(0, 1), v[run.rows].transpose(0, 1))
                 keys, values = cache.read(layer, run.seq_id, run.end)  # [kv_heads, end, head_dim]
                 out[run.rows] = causal_attention(q[run.rows], keys, values, run.start)
@@ -235,20 +238,28 @@ class Attention(nn.Module):
 
 def batched_decode_attention(q, k, v, cache, layer: int, runs: list[SeqRun]) -> torch.Tensor:
     """B one-token queries q [B, heads, d] of B different sequences, with their new k, v
-    [B, kv_heads, d], in one attention call: write the new entries, gather each sequence's keys
-    padded to the longest (cache.gather), and mask each row to its own length.
+    [B, kv_heads, d], in one attention call.
 
-    A masked key gets weight exactly 0 (exp(-inf)), so the result equals each sequence's own
-    attention over its own keys, up to float rounding."""
+    Write the new entries, then read the cache's slots from the lowest to the highest in use,
+    in place (a view: no copy), up to the longest sequence's length. Each query goes to its slot's
+    row and is masked to its own length; rows of slots not decoding see one key and are dropped.
+    A masked key gets weight exactly 0 (exp(-inf)), so every row equals that sequence's attention
+    over its own keys, up to float rounding. An engine that hands out the lowest free slot first
+    keeps the range close to the number of decodes."""
     seq_ids, positions = [run.seq_id for run in runs], [run.start for run in runs]
     cache.write_tokens(layer, seq_ids, positions, k, v)
-    longest = max(positions) + 1
-    keys, values = cache.gather(layer, seq_ids, longest)  # [B, kv_heads, longest, d]
-    lengths = torch.tensor(positions, device=q.device) + 1
-    mask = torch.arange(longest, device=q.device)[None, :] < lengths[:, None]  # [B, longest]
-    out = F.scaled_dot_product_attention(q[:, :, None], keys, values, attn_mask=mask[:, None, None, :],
-                                         enable_gqa=True)
-    return out[:, :, 0]  # [B, heads, d]
+    first, stop, longest = min(seq_ids), max(seq_ids) + 1, max(positions) + 1
+    keys, values = cache.read_slots(layer, first, stop, longest)  # [slots, kv_heads, longest, d]
+    rows = torch.tensor(seq_ids, device=q.device) - first
+    lengths = torch.ones(stop - first, dtype=torch.long, device=q.device)
+    lengths[rows] = torch.tensor(positions, device=q.device) + 1
+    mask = torch.arange(longest, device=q.device)[None, :] < lengths[:, None]  # [slots, longest]
+    kv_heads, group = keys.shape[1], q.shape[1] // keys.shape[1]
+    # query head h reads KV head h // group: [slots, kv_heads, group, d] needs no copies of K and V
+    queries = q.new_zeros(stop - first, kv_heads, group, q.shape[-1])
+    queries[rows] = q.view(len(runs), kv_heads, group, q.shape[-1])
+    out = F.scaled_dot_product_attention(queries, keys, values, attn_mask=mask[:, None, None, :])
+    return out[rows].reshape(q.shape)
 
 
 def causal_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, start: int) -> torch.Tensor:
