@@ -16,17 +16,29 @@ from nbclient import NotebookClient
 CELL_TIMEOUT_S = 300
 
 
-def execute(path: Path, out_path: Path) -> float:
-    """Run `path` in a fresh kernel (cwd: its own folder) and write the result to `out_path`."""
+def execute(path: Path, out_path: Path, *, write_on_error: bool = False) -> float:
+    """Run `path` in a fresh kernel (cwd: its own folder) and write the result to `out_path`.
+
+    On an error nothing is written, unless `write_on_error` (never for in-place runs): then the
+    notebook as far as it got, with the failing cell's traceback, goes to `out_path` for reading."""
     notebook = nbformat.read(path, as_version=4)
     started = time.perf_counter()
     client = NotebookClient(notebook, timeout=CELL_TIMEOUT_S, kernel_name="python3", store_widget_state=True,
                             shutdown_kernel="immediate",  # a graceful shutdown was seen to hang under load
                             resources={"metadata": {"path": str(path.parent.resolve())}})
-    client.execute()
+    try:
+        client.execute()
+    except Exception:
+        if write_on_error:
+            _write(notebook, out_path)
+        raise
+    _write(notebook, out_path)
+    return time.perf_counter() - started
+
+
+def _write(notebook, out_path: Path) -> None:
     out_path.parent.mkdir(parents=True, exist_ok=True)
     nbformat.write(notebook, out_path)
-    return time.perf_counter() - started
 
 
 def main(argv: list[str] | None = None) -> int:
