@@ -106,25 +106,56 @@ def run_sequential_server(model, prompts: torch.Tensor, output_len: int, concurr
 
 @dataclass(frozen=True)
 class BaselineSizes:
-    """How many requests the sequential baseline sends per grid cell, and how many warm-ups.
+    """How many requests the sequential baseline measures per grid cell, and how many warm-ups.
 
     A one-at-a-time server's throughput does not depend on how many requests wait, so the
-    baseline needs only a few rounds per concurrency level, not the grid's full prompt count
-    (200 sequential requests per cell would take an hour on the gpu profile)."""
+    baseline does not need the grid's full prompt count for its throughput (200 sequential
+    requests per cell would take an hour on the gpu profile). Its latency percentiles do need
+    requests: `min_prompts` is sized so that the percentiles it reports have a tail to stand on
+    (`supported_percentiles`)."""
 
-    min_prompts: int  # at least this many requests per cell
+    min_prompts: int  # at least this many measured requests per cell
     rounds: int  # and at least `rounds` x concurrency, so every slot is refilled
     warmup: int  # untimed requests of the cell's shape before it
 
 
 BASELINE_SIZES = {
-    "cpu": BaselineSizes(min_prompts=8, rounds=2, warmup=1),
-    "gpu": BaselineSizes(min_prompts=8, rounds=2, warmup=2),
+    "cpu": BaselineSizes(min_prompts=40, rounds=2, warmup=1),  # p50, p90 and p95 supported
+    "gpu": BaselineSizes(min_prompts=20, rounds=2, warmup=2),  # p50 and p90 (p95 from concurrency 32's 64)
+    # The stand-in for the gpu profile runs every cell of the grid once, no more: it checks paths, not speed.
+    "gpu-dryrun": BaselineSizes(min_prompts=1, rounds=1, warmup=1),
 }
+
+TAIL_REQUESTS = 2  # a percentile is reported only when at least this many requests lie in the tail beyond it
+
+
+def supported_percentiles(n: int, percentiles) -> list[float]:
+    """The percentiles that `n` requests can support: those with at least TAIL_REQUESTS requests
+    beyond them. A p95 of 8 requests is an interpolation between the two slowest: it needs 40;
+    a p99 needs 200."""
+    return [p for p in percentiles if n * (100 - p) / 100 >= TAIL_REQUESTS]
 
 
 def prompts_per_cell(grid: BenchmarkGrid, sizes: BaselineSizes, concurrency: int) -> int:
+    """Measured requests of one cell (the ramp-up requests come on top, see `steady_state`)."""
     return min(grid.num_prompts, max(sizes.min_prompts, sizes.rounds * concurrency))
+
+
+def steady_state(records: list[RequestRecord], concurrency: int) -> tuple[list[RequestRecord], float]:
+    """The records to measure, without the ramp-up, and the time the server spent on them (s).
+
+    The client sends its first `concurrency` requests at once, so the first of them waits for
+    nobody, the second for one request, ...: only from the `concurrency`-th on does every request
+    find the queue full, as it will for the rest of the run. Those first `concurrency - 1` requests
+    (served first, FIFO) are left out. The duration starts when the server turns to the first
+    measured request (when the last ramp-up request finishes), so that throughput counts only the
+    work done for the requests it counts."""
+    ramp_up = concurrency - 1
+    if len(records) <= ramp_up:
+        raise ValueError(f"{len(records)} records leave nothing to measure after a ramp-up of {ramp_up}")
+    measured = records[ramp_up:]
+    start = records[ramp_up - 1].finish_time if ramp_up else measured[0].send_time
+    return measured, max(r.finish_time for r in measured) - start
 
 
 def grid_cells(grid: BenchmarkGrid) -> list[tuple[int, int, int]]:
@@ -137,8 +168,9 @@ def run_baseline_grid(lm, grid: BenchmarkGrid | None = None, *, sizes: BaselineS
     """Run the sequential `generate()` baseline over every cell of the grid.
 
     Returns (runs, records): one vLLM-keyed result per cell (plus the cell's settings), and the raw
-    records of each cell keyed by (input_len, output_len, concurrency). Every cell of one input length
-    serves the same prompts (exact-length token ids, seeded), after `sizes.warmup` untimed requests."""
+    measured records of each cell keyed by (input_len, output_len, concurrency). Every cell of one
+    input length serves the same prompts (exact-length token ids, seeded), after `sizes.warmup`
+    untimed requests; the ramp-up requests of `steady_state` are served but not measured."""
     from tqdm.auto import tqdm
 
     profile = lm.profile
@@ -147,20 +179,22 @@ def run_baseline_grid(lm, grid: BenchmarkGrid | None = None, *, sizes: BaselineS
     slo_ms = slo_from_profile(profile) if slo_ms is None else slo_ms
     device = next(lm.model.parameters()).device
     cells = grid_cells(grid)
-    total = sum(prompts_per_cell(grid, sizes, c) for _, _, c in cells)
+    total = sum(prompts_per_cell(grid, sizes, c) + c - 1 for _, _, c in cells)
     bar = tqdm(total=total, desc="baseline requests", disable=not progress)
     runs, records = [], {}
     for input_len, output_len, concurrency in cells:
         n = prompts_per_cell(grid, sizes, concurrency)
-        prompts = random_prompt_ids(lm.config, input_len, batch=n, seed=seed + input_len).to(device)
+        prompts = random_prompt_ids(lm.config, input_len, batch=n + concurrency - 1, seed=seed + input_len).to(device)
         for _ in range(sizes.warmup):  # first calls pay for allocations, caches, kernel selection
             generate_with_timestamps(lm.model, prompts[:1], output_len)
         bar.set_postfix(input=input_len, output=output_len, concurrency=concurrency)
-        cell_records = run_sequential_server(lm.model, prompts, output_len, concurrency, progress=bar)
-        records[(input_len, output_len, concurrency)] = cell_records
+        served = run_sequential_server(lm.model, prompts, output_len, concurrency, progress=bar)
+        measured, duration_s = steady_state(served, concurrency)
+        records[(input_len, output_len, concurrency)] = measured
         runs.append({"backend": BASELINE_BACKEND, "input_len": input_len, "output_len": output_len,
                      "max_concurrency": concurrency, "request_rate": "inf", "num_prompts": n,
-                     "num_warmups": sizes.warmup, **calculate_metrics(cell_records, slo_ms=slo_ms)})
+                     "num_warmups": sizes.warmup, "num_ramp_up": concurrency - 1,
+                     **calculate_metrics(measured, slo_ms=slo_ms, duration_s=duration_s)})
     bar.close()
     return runs, records
 
@@ -169,21 +203,32 @@ def baseline_settings(grid: BenchmarkGrid, sizes: BaselineSizes, slo_ms: dict) -
     """The settings a results file records next to its runs."""
     return {"grid": asdict(grid), "baseline_sizes": asdict(sizes), "goodput_slo_ms": dict(slo_ms),
             "concurrency_model": "client keeps max_concurrency requests in flight; the server serves them "
-                                 "one at a time, first come first served; TTFT includes the queueing"}
+                                 "one at a time, first come first served; TTFT includes the queueing",
+            "ramp_up": "the first max_concurrency - 1 requests (sent together, so they queue less) are served but "
+                       "not measured; duration runs from the server's start on the first measured request",
+            "percentiles_reported": f"only those with at least {TAIL_REQUESTS} measured requests beyond them"}
 
 
 # ---------------------------------------------------------------- tables and figures
 
 
+TABLE_PERCENTILES = (50, 90, 95)
+
+
 def format_runs_table(runs: list[dict]) -> str:
-    """One line per run: throughput, goodput and TTFT/TPOT p50/p95 (ms)."""
+    """One line per run: throughput, goodput, and TTFT/TPOT percentiles (ms), each only where the
+    run's n measured requests support it (`supported_percentiles`; "-" elsewhere)."""
+    ttft_head = " ".join(f"{f'p{p}':>7}" for p in TABLE_PERCENTILES)
     lines = [f"{'in':>5} {'out':>4} {'conc':>4} {'n':>3} | {'req/s':>6} {'good/s':>6} {'out tok/s':>9} | "
-             f"{'TTFT p50':>9} {'p95':>9} | {'TPOT p50':>8} {'p95':>7}"]
+             f"TTFT ms {ttft_head} | TPOT ms {ttft_head}"]
     for r in runs:
         goodput = "-" if r.get("request_goodput") is None else f"{r['request_goodput']:.2f}"
-        lines.append(f"{r['input_len']:>5} {r['output_len']:>4} {r['max_concurrency']:>4} {r['num_prompts']:>3} | "
+        shown = supported_percentiles(r["completed"], TABLE_PERCENTILES)
+        cells = {metric: " ".join(f"{r[f'p{p}_{metric}_ms']:>7.1f}" if p in shown else f"{'-':>7}"
+                                  for p in TABLE_PERCENTILES) for metric in ("ttft", "tpot")}
+        lines.append(f"{r['input_len']:>5} {r['output_len']:>4} {r['max_concurrency']:>4} {r['completed']:>3} | "
                      f"{r['request_throughput']:>6.2f} {goodput:>6} {r['output_throughput']:>9.1f} | "
-                     f"{r['p50_ttft_ms']:>9.1f} {r['p95_ttft_ms']:>9.1f} | {r['p50_tpot_ms']:>8.2f} {r['p95_tpot_ms']:>7.2f}")
+                     f"{'':7} {cells['ttft']} | {'':7} {cells['tpot']}")
     return "\n".join(lines)
 
 
@@ -211,17 +256,22 @@ def plot_throughput(ax, runs: list[dict]) -> None:
 
 
 def plot_latency(ax, runs: list[dict], metric: str) -> None:
-    """p50 (solid) and p95 (dashed) of `metric` ("ttft" or "tpot") against concurrency."""
+    """p50 (solid) and the highest tail percentile that every run supports (dashed) of `metric`
+    ("ttft" or "tpot") against concurrency."""
+    fewest = min(r["completed"] for r in runs)
+    tails = supported_percentiles(fewest, [p for p in TABLE_PERCENTILES if p > 50])
     for index, ((input_len, output_len), rs) in enumerate(_series(runs).items()):
         x = [r["max_concurrency"] for r in rs]
         color = f"C{index}"
         ax.plot(x, [r[f"p50_{metric}_ms"] for r in rs], marker="o", color=color, label=f"{input_len} in: p50")
-        ax.plot(x, [r[f"p95_{metric}_ms"] for r in rs], marker="^", color=color, linestyle="--", label=f"{input_len} in: p95")
+        if tails:
+            ax.plot(x, [r[f"p{tails[-1]}_{metric}_ms"] for r in rs], marker="^", color=color, linestyle="--",
+                    label=f"{input_len} in: p{tails[-1]}")
     concurrencies = sorted({r["max_concurrency"] for r in runs})
     ax.set_xscale("log", base=2)
     ax.set_xticks(concurrencies, [str(c) for c in concurrencies])
     ax.set_ylim(bottom=0)
-    ax.set_xlabel("concurrency (requests in flight)")
+    ax.set_xlabel(f"concurrency (requests in flight; n >= {fewest} measured per point)")
     ax.set_ylabel(f"{metric.upper()} (ms)")
     ax.legend(fontsize=7)
     ax.grid(True, alpha=0.3)
@@ -314,9 +364,9 @@ def plot_request_timeline(ax, record: RequestRecord, service_start: float | None
     if service_start is not None and service_start > record.send_time:
         wait = (service_start - record.send_time) * 1e3
         ax.barh(2, wait, left=0, height=0.5, color="0.8", label=f"queued: {wait:.0f} ms")
-        ax.barh(2, t[0] - wait, left=wait, height=0.5, color="C1", alpha=0.7, label="prefill + first step")
+        ax.barh(2, t[0] - wait, left=wait, height=0.5, color="C1", alpha=0.7, label="prefill (gives the first token)")
     else:
-        ax.barh(2, t[0], left=0, height=0.5, color="C1", alpha=0.7, label="prefill + first step")
+        ax.barh(2, t[0], left=0, height=0.5, color="C1", alpha=0.7, label="prefill (gives the first token)")
     ax.barh(2, t[-1] - t[0], left=t[0], height=0.5, color="C0", alpha=0.5, label="decode steps")
     ax.vlines(t, 1.7, 2.3, color="k", linewidth=0.8)
     ax.plot([0], [2], marker=">", color="k", markersize=8)

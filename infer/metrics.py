@@ -2,7 +2,7 @@
 (`vllm bench serve`, vllm/benchmarks/serve.py) defines them, with the same result key names.
 
 Per successful request (times from infer.records.RequestRecord, reported in ms):
-- TTFT  = first chunk's arrival - send time               (queueing + prefill + first step)
+- TTFT  = first chunk's arrival - send time               (queueing + prefill, whose logits give the first token)
 - E2EL  = last chunk's arrival  - send time               (the whole wait, client side)
 - TPOT  = (E2EL - TTFT) / (output tokens - 1)             only when output tokens > 1
 - ITL   = every gap between consecutive chunks            pooled over all requests

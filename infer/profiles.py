@@ -56,7 +56,7 @@ PROFILES = {
         model_name="tiny",
         dtype=torch.float32,
         device="cpu",
-        grid=BenchmarkGrid(input_lens=(32, 128, 256), output_lens=(16,), concurrency=(1, 2, 4), num_prompts=8),
+        grid=BenchmarkGrid(input_lens=(32, 128, 256), output_lens=(16,), concurrency=(1, 2, 4), num_prompts=40),
         slo=SLO(ttft_ms=200.0, tpot_ms=50.0),
     ),
     "gpu": Profile(

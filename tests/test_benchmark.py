@@ -13,6 +13,9 @@ from infer.benchmark import (
     prompts_per_cell,
     run_baseline_grid,
     run_sequential_server,
+    steady_state,
+    supported_percentiles,
+    format_runs_table,
     BaselineSizes,
 )
 from infer.metrics import calculate_metrics, request_latencies_ms
@@ -126,3 +129,44 @@ def test_baseline_grid_on_the_tiny_model(tiny):
         assert run["request_goodput"] == pytest.approx(run["request_throughput"]), "huge SLOs: every request is good"
         assert run["backend"] == "transformers-generate-sequential" and run["request_rate"] == "inf"
     assert all(len(r.chunk_times) == 3 for r in records[(8, 3, 2)])
+
+
+def test_steady_state_drops_the_ramp_up_and_times_only_the_measured_work():
+    records = run_sequential_server(FakeModel(step_s=0.004), _prompts(7), output_len=3, concurrency=3)
+    measured, duration_s = steady_state(records, 3)
+    assert measured == records[2:], "the first concurrency - 1 requests (sent together, less queueing) are left out"
+    ahead = [sum(earlier.finish_time > r.send_time for earlier in records[:i]) for i, r in enumerate(records)]
+    assert ahead == [0, 1, 2, 2, 2, 2, 2], f"requests still being served or queued when each was sent: {ahead}"
+    assert duration_s == pytest.approx(records[-1].finish_time - records[1].finish_time), (
+        "the duration starts when the server turns to the first measured request")
+    alone, alone_duration = steady_state(records, 1)
+    assert alone == records and alone_duration == pytest.approx(records[-1].finish_time - records[0].send_time)
+    with pytest.raises(ValueError, match="nothing to measure"):
+        steady_state(records[:2], 3)
+
+
+def test_supported_percentiles_need_two_requests_beyond_them():
+    assert supported_percentiles(8, (50, 90, 95, 99)) == [50], "8 requests: a p90 or p95 would rest on one request"
+    assert supported_percentiles(20, (50, 90, 95, 99)) == [50, 90]
+    assert supported_percentiles(40, (50, 90, 95, 99)) == [50, 90, 95]
+    assert supported_percentiles(200, (50, 90, 95, 99)) == [50, 90, 95, 99]
+
+
+def test_the_runs_table_hides_percentiles_that_n_cannot_support(tiny):
+    grid = BenchmarkGrid(input_lens=(8,), output_lens=(3,), concurrency=(1,), num_prompts=20)
+    runs, _ = run_baseline_grid(tiny, grid, sizes=BaselineSizes(min_prompts=20, rounds=1, warmup=0), progress=False)
+    data_line = format_runs_table(runs).splitlines()[1]
+    assert " 20 |" in data_line, f"the table must print n beside the percentiles: {data_line}"
+    assert data_line.count(" - ") + data_line.rstrip().endswith("-") == 2, (
+        f"20 requests support p50 and p90, not p95: one '-' each for TTFT and TPOT, got {data_line}")
+
+
+@pytest.mark.parametrize("name, tail", [("cpu", 95), ("gpu", 90)])
+def test_each_profile_measures_enough_requests_for_its_tail_percentile(name, tail):
+    from infer.benchmark import BASELINE_SIZES
+    from infer.profiles import PROFILES
+
+    grid = PROFILES[name].grid
+    fewest = min(prompts_per_cell(grid, BASELINE_SIZES[name], c) for c in grid.concurrency)
+    assert tail in supported_percentiles(fewest, (50, 90, 95, 99)), (
+        f"the {name} baseline measures only {fewest} requests in some cell: too few for a p{tail}")
