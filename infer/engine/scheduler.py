@@ -6,10 +6,13 @@ The scheduler holds `waiting` (arrived, no KV slot yet, first come first served)
 the step does, as (sequence, number of tokens to compute) items; the scheduler hands out the KV
 slots, and after the forward pass `update` appends the sampled tokens and retires what finished.
 
-Policies (week 05; week 06 adds "chunked" through the same `Policy` interface):
+Policies:
 - static: admit a batch into an empty engine only, then run it until its last request ends;
 - continuous: admit whenever a slot is free, between decode steps. Prefill-first: a step that
-  admits requests runs only their whole prompts, and the running decodes wait for it.
+  admits requests runs only their whole prompts, and the running decodes wait for it;
+- chunked (week 06): every step spends a token budget, running sequences first (their decodes,
+  then the prompt chunks they continue), new prompts last; a prompt may span several steps, so
+  no step is ever a long prefill that stalls the decodes.
 """
 
 from collections import deque
@@ -92,12 +95,58 @@ class PrefillFirst:
         return 0, [(s, 1) for s in running]
 
 
+def chunked_token_counts(running_needs: list[int], running_prefilling: list[bool], waiting_prompt_lens: list[int],
+                         free_slots: int, max_num_batched_tokens: int) -> tuple[list[int], list[int]]:
+    """vLLM V1's step, over plain numbers: how many tokens each running sequence computes (same
+    order, 0 for one left out this step) and how many each admitted waiting request does (a prefix
+    of the queue, oldest first).
+
+    The budget goes to the running sequences first: every decode (one token), then the prompts
+    they are still prefilling, each as much as fits; whatever is left starts new prompts, into
+    free slots only. A chunk is cut to the budget that remains, so a prompt may split across steps."""
+    budget = max_num_batched_tokens
+    running_counts = [0] * len(running_needs)
+    decodes_first = sorted(range(len(running_needs)), key=lambda i: running_prefilling[i])  # stable: keeps order within each group
+    for i in decodes_first:
+        running_counts[i] = min(running_needs[i], budget)
+        budget -= running_counts[i]
+    new_counts = []
+    for need in waiting_prompt_lens[:max(free_slots, 0)]:
+        if budget == 0:
+            break
+        new_counts.append(min(need, budget))
+        budget -= new_counts[-1]
+    return running_counts, new_counts
+
+
+class Chunked:
+    """Chunked prefill with a token budget (`max_num_batched_tokens`): decodes never wait for a
+    whole prompt, they share each step with a slice of one."""
+
+    name = "chunked"
+    splits_prompts = True
+
+    def plan(self, waiting, running, limits):
+        running_counts, new_counts = chunked_token_counts(
+            [s.num_uncomputed_tokens for s in running], [s.is_prefilling for s in running],
+            [s.num_uncomputed_tokens for s in waiting], limits.max_num_seqs - len(running),
+            limits.max_num_batched_tokens)
+        by_priority = sorted(zip(running, running_counts), key=lambda item: item[0].is_prefilling)
+        work = [(s, n) for s, n in by_priority if n] + list(zip(waiting, new_counts))
+        return len(new_counts), work
+
+
+POLICY_NAMES = ("static", "continuous", "chunked")
+
+
 def make_policy(name: str) -> Policy:
     if name == "static":
         return PrefillFirst("static", admit_static)
     if name == "continuous":
         return PrefillFirst("continuous", admit_continuous)
-    raise ValueError(f"unknown policy {name!r}; valid policies: 'static', 'continuous'")
+    if name == "chunked":
+        return Chunked()
+    raise ValueError(f"unknown policy {name!r}; valid policies: {', '.join(map(repr, POLICY_NAMES))}")
 
 
 class Scheduler:
