@@ -2,15 +2,19 @@
 
     KV bytes per token = 2 (K and V) x layers x KV heads x head dim x bytes per element
     weight bytes       = parameters x bytes per element
-    tokens that fit    = (card - weights - activation reserve) / KV bytes per token
+    KV budget          = gpu_memory_utilization x card - weights - activations     (vLLM's rule, modelled)
+    tokens that fit    = KV budget // KV bytes per token
     concurrent seqs    = tokens that fit // tokens per sequence
 
-The reserve covers what is neither weights nor cache: one forward pass's activations (the
-logits of a long prefill alone can take hundreds of MB), the CUDA context and allocator slack.
-vLLM measures it by profiling a forward pass; here it is a number you choose.
+The budget follows vLLM: it claims a fraction `gpu_memory_utilization` of the card (0.9 by
+default), loads the weights, profiles one forward pass of the largest batch it will schedule to
+learn its peak activation memory, and gives what is left of its share to the KV cache. Here the
+activations are a number you choose (vLLM measures them), so the result is a model of vLLM's
+budget, not a reading of it.
 
-GB means 10^9 bytes throughout, as on a GPU's spec sheet. Configs are `transformers` configs,
-e.g. `infer.models.MODEL_SPECS["qwen2.5-1.5b"].config()`.
+Units: card and budget sizes are in GiB (2^30 bytes). An "80 GB" H100 or A100 holds 80 GiB, so
+GPU memory is counted in GiB; 1 GB = 10^9 bytes is used only where it is written "GB". Configs
+are `transformers` configs, e.g. `infer.models.MODEL_SPECS["qwen2.5-1.5b"].config()`.
 """
 
 from dataclasses import dataclass
@@ -22,6 +26,8 @@ from infer.model import Arch
 from infer.profiles import dtype_name
 
 GB = 1e9
+GIB = 2**30
+VLLM_GPU_MEMORY_UTILIZATION = 0.9  # vLLM's default share of the card
 DTYPE_NAMES = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16,
                "fp16": torch.float16, "float16": torch.float16, "fp8": torch.float8_e4m3fn}
 
@@ -71,51 +77,65 @@ def weight_bytes(config: PretrainedConfig, dtype: torch.dtype | str) -> int:
     return num_parameters(config) * bytes_per_element(dtype)
 
 
-def kv_tokens_that_fit(config: PretrainedConfig, dtype: torch.dtype | str, gpu_gb: float, reserve_gb: float) -> int:
-    """How many tokens' K and V fit beside the weights and the reserve (0 if the weights do not fit)."""
-    free = gpu_gb * GB - weight_bytes(config, dtype) - reserve_gb * GB
-    return max(0, int(free // kv_bytes_per_token(config, dtype)))
+def kv_budget_bytes(config: PretrainedConfig, dtype: torch.dtype | str, gpu_gib: float, activation_gib: float,
+                    gpu_memory_utilization: float = VLLM_GPU_MEMORY_UTILIZATION) -> float:
+    """vLLM's KV-cache budget, modelled: its share of the card, minus the weights, minus the peak
+    activations of a profiled forward pass (can be negative: then nothing fits)."""
+    if not 0 < gpu_memory_utilization <= 1:
+        raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization}")
+    return gpu_memory_utilization * gpu_gib * GIB - weight_bytes(config, dtype) - activation_gib * GIB
 
 
-def max_concurrent_sequences(config: PretrainedConfig, dtype: torch.dtype | str, gpu_gb: float, seq_len: int,
-                             reserve_gb: float) -> int:
+def kv_tokens_that_fit(config: PretrainedConfig, dtype: torch.dtype | str, gpu_gib: float, activation_gib: float,
+                       gpu_memory_utilization: float = VLLM_GPU_MEMORY_UTILIZATION) -> int:
+    """How many tokens' K and V fit in the KV budget (0 if the weights do not fit)."""
+    budget = kv_budget_bytes(config, dtype, gpu_gib, activation_gib, gpu_memory_utilization)
+    return max(0, int(budget // kv_bytes_per_token(config, dtype)))
+
+
+def max_concurrent_sequences(config: PretrainedConfig, dtype: torch.dtype | str, gpu_gib: float, seq_len: int,
+                             activation_gib: float, gpu_memory_utilization: float = VLLM_GPU_MEMORY_UTILIZATION) -> int:
     """How many sequences of `seq_len` tokens (prompt + output) can hold their whole cache at once."""
-    return sequences_that_fit(gpu_gb * GB, weight_bytes(config, dtype), reserve_gb * GB,
-                              kv_bytes_per_token(config, dtype), seq_len)
+    if seq_len < 1:
+        raise ValueError(f"seq_len must be >= 1, got {seq_len}")
+    return kv_tokens_that_fit(config, dtype, gpu_gib, activation_gib, gpu_memory_utilization) // seq_len
 
 
 @dataclass(frozen=True)
 class MemoryPlan:
-    """One model on one card: the whole bill, for a table row."""
+    """One model on one card: the whole bill, for a table row (sizes in GiB)."""
 
     model: str
     dtype: str
-    gpu_gb: float
-    reserve_gb: float
-    weight_gb: float
+    gpu_gib: float
+    gpu_memory_utilization: float
+    activation_gib: float
+    weight_gib: float
     kv_bytes_per_token: int
     kv_tokens: int
     seq_len: int
     sequences: int
 
 
-def memory_plan(name: str, config: PretrainedConfig, dtype: torch.dtype | str, gpu_gb: float, seq_len: int,
-                reserve_gb: float) -> MemoryPlan:
+def memory_plan(name: str, config: PretrainedConfig, dtype: torch.dtype | str, gpu_gib: float, seq_len: int,
+                activation_gib: float, gpu_memory_utilization: float = VLLM_GPU_MEMORY_UTILIZATION) -> MemoryPlan:
     return MemoryPlan(model=name, dtype=dtype if isinstance(dtype, str) else dtype_name(dtype),
-                      gpu_gb=gpu_gb, reserve_gb=reserve_gb, weight_gb=weight_bytes(config, dtype) / GB,
-                      kv_bytes_per_token=kv_bytes_per_token(config, dtype),
-                      kv_tokens=kv_tokens_that_fit(config, dtype, gpu_gb, reserve_gb), seq_len=seq_len,
-                      sequences=max_concurrent_sequences(config, dtype, gpu_gb, seq_len, reserve_gb))
+                      gpu_gib=gpu_gib, gpu_memory_utilization=gpu_memory_utilization, activation_gib=activation_gib,
+                      weight_gib=weight_bytes(config, dtype) / GIB, kv_bytes_per_token=kv_bytes_per_token(config, dtype),
+                      kv_tokens=kv_tokens_that_fit(config, dtype, gpu_gib, activation_gib, gpu_memory_utilization),
+                      seq_len=seq_len,
+                      sequences=max_concurrent_sequences(config, dtype, gpu_gib, seq_len, activation_gib,
+                                                         gpu_memory_utilization))
 
 
 def format_plans(plans: list[MemoryPlan]) -> str:
-    """The plans as a plain-text table."""
+    """The plans as a plain-text table (GiB = 2^30 bytes)."""
     seqs_header = f"seqs of {plans[0].seq_len}" if plans else "sequences"
-    lines = [f"{'model':<14} {'dtype':<6} {'card GB':>7} {'weights GB':>10} {'KV B/token':>10} "
-             f"{'tokens that fit':>15} {seqs_header:>13}"]
+    lines = [f"{'model':<14} {'dtype':<6} {'card GiB':>8} {'x util':>6} {'weights GiB':>11} {'activ. GiB':>10} "
+             f"{'KV B/token':>10} {'tokens that fit':>15} {seqs_header:>13}"]
     for p in plans:
-        lines.append(f"{p.model:<14} {p.dtype:<6} {p.gpu_gb:>7.0f} {p.weight_gb:>10.2f} {p.kv_bytes_per_token:>10,} "
-                     f"{p.kv_tokens:>15,} {p.sequences:>13,}")
+        lines.append(f"{p.model:<14} {p.dtype:<6} {p.gpu_gib:>8g} {p.gpu_memory_utilization:>6.2f} {p.weight_gib:>11.2f} "
+                     f"{p.activation_gib:>10g} {p.kv_bytes_per_token:>10,} {p.kv_tokens:>15,} {p.sequences:>13,}")
     return "\n".join(lines)
 
 
@@ -133,10 +153,10 @@ class MeasuredMemory:
     peak_above_cache: int  # max_memory_allocated() during generation, above weights + cache: activations
 
     def __str__(self) -> str:
-        mb = 1e6
-        return (f"weights: allocated {self.weight_bytes_allocated / mb:,.1f} MB, predicted {self.weight_bytes_predicted / mb:,.1f} MB\n"
-                f"KV cache: allocated {self.cache_bytes_allocated / mb:,.1f} MB, predicted {self.cache_bytes_predicted / mb:,.1f} MB\n"
-                f"activation peak during generation (above weights + cache): {self.peak_above_cache / mb:,.1f} MB")
+        mib = 2**20
+        return (f"weights: allocated {self.weight_bytes_allocated / mib:,.1f} MiB, predicted {self.weight_bytes_predicted / mib:,.1f} MiB\n"
+                f"KV cache: allocated {self.cache_bytes_allocated / mib:,.1f} MiB, predicted {self.cache_bytes_predicted / mib:,.1f} MiB\n"
+                f"activation peak during generation (above weights + cache): {self.peak_above_cache / mib:,.1f} MiB")
 
 
 def measure_cuda_generation_memory(hf_model, prompt_ids: torch.Tensor, max_new_tokens: int) -> MeasuredMemory:
