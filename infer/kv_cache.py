@@ -11,7 +11,7 @@ computes them for its one new token only, instead of recomputing the whole prefi
 Both serve the model through `write(layer, seq_id, start, k, v)` and `read(layer, seq_id, end)`,
 with k and v shaped [kv_heads, n, head_dim], and report the bytes they hold (`nbytes`). For a
 serving step's decodes (week 05), `write_tokens` stores one new token of each of several
-sequences and `gather` reads their keys and values padded to one length, so that all decodes
+sequences and `read_slots` reads a range of slots padded to one length, so that all decodes
 share one attention call.
 """
 
@@ -55,11 +55,10 @@ class KVCache:
         for seq_id, position in zip(seq_ids, positions):
             self.lengths[seq_id] = position + 1
 
-    def gather(self, layer: int, seq_ids: list[int], end: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Keys and values of positions 0..end-1 of each sequence, [B, kv_heads, end, head_dim] (a
-        copy); positions a sequence has not filled hold stale values that the caller masks out."""
-        slots = torch.tensor(seq_ids, device=self.k[layer].device)
-        return self.k[layer][slots, :, :end], self.v[layer][slots, :, :end]
+    def read_slots(self, layer: int, first: int, stop: int, end: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys and values of slots first..stop-1, positions 0..end-1: [stop - first, kv_heads, end,
+        head_dim] views, no copy. Positions a slot has not filled hold stale values: mask them."""
+        return self.k[layer][first:stop, :, :end], self.v[layer][first:stop, :, :end]
 
     @classmethod
     def for_model(cls, model, max_seqs: int, max_len: int) -> "KVCache":
@@ -100,12 +99,15 @@ class ConcatKVCache:
         for i, (seq_id, position) in enumerate(zip(seq_ids, positions)):  # one torch.cat each: this cache's cost
             self.write(layer, seq_id, position, k[i, :, None], v[i, :, None])
 
-    def gather(self, layer: int, seq_ids: list[int], end: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Each sequence's keys and values, zero-padded to `end` positions: [B, kv_heads, end, head_dim]."""
-        def padded(t: torch.Tensor) -> torch.Tensor:
-            return torch.nn.functional.pad(t[:, :end], (0, 0, 0, end - min(t.shape[1], end)))
-        return (torch.stack([padded(self.k[layer][s]) for s in seq_ids]),
-                torch.stack([padded(self.v[layer][s]) for s in seq_ids]))
+    def read_slots(self, layer: int, first: int, stop: int, end: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Slots first..stop-1 zero-padded to `end` positions (a copy): [stop - first, kv_heads, end, head_dim]."""
+        def padded(held: dict[int, torch.Tensor], slot: int) -> torch.Tensor:
+            t = held[slot][:, :end]
+            return torch.nn.functional.pad(t, (0, 0, 0, end - t.shape[1]))
+        slots = [s for s in range(first, stop) if s in self.k[layer]]
+        template = torch.zeros_like(padded(self.k[layer], slots[0]))
+        return tuple(torch.stack([padded(held, s) if s in held else template for s in range(first, stop)])
+                     for held in (self.k[layer], self.v[layer]))
 
     @classmethod
     def for_model(cls, model) -> "ConcatKVCache":

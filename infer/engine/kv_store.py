@@ -2,11 +2,13 @@
 uses: is there room for this sequence, give it room, take the room back.
 
 `SlotKVStore` is the course's week 02 cache (`infer.kv_cache.KVCache`): `max_num_seqs` slots of
-`max_model_len` positions each, one slot per running sequence, handed out from a free list. Room
+`max_model_len` positions each, one slot per running sequence, the lowest free one first (so
+the slots in use stay a compact range, which the model's batched decode reads in place). Room
 for a whole sequence is reserved up front, which is simple and wastes memory: week 08's paged
 store implements the same interface with blocks instead of slots.
 """
 
+import heapq
 from typing import Protocol
 
 from infer.engine.sequence import Sequence
@@ -14,7 +16,7 @@ from infer.kv_cache import KVCache
 
 
 class KVStore(Protocol):
-    cache: object  # what the model's forward reads and writes (KVCache.write / read / gather)
+    cache: object  # what the model's forward reads and writes (KVCache.write / read / write_tokens / read_slots)
 
     def can_allocate(self, seq: Sequence) -> bool: ...
 
@@ -27,11 +29,11 @@ class KVStore(Protocol):
 
 
 class SlotKVStore:
-    """One preallocated cache slot per running sequence, from a free list."""
+    """One preallocated cache slot per running sequence, from a free list kept as a min-heap."""
 
     def __init__(self, cache: KVCache):
         self.cache = cache
-        self.free_slots = list(range(cache.max_seqs - 1, -1, -1))  # pop() hands out slot 0 first
+        self.free_slots = list(range(cache.max_seqs))  # a heap: heappop hands out the lowest slot
         self.owner: dict[int, str] = {}  # slot -> request id, to catch a double free
 
     @classmethod
@@ -46,7 +48,7 @@ class SlotKVStore:
             raise RuntimeError(f"request {seq.request_id!r} already holds slot {seq.slot}")
         if not self.free_slots:
             raise RuntimeError(f"no free KV slot for request {seq.request_id!r}: all {self.cache.max_seqs} are in use")
-        seq.slot = self.free_slots.pop()
+        seq.slot = heapq.heappop(self.free_slots)
         self.owner[seq.slot] = seq.request_id
         self.cache.lengths[seq.slot] = 0  # the new sequence starts writing at position 0
 
@@ -54,7 +56,7 @@ class SlotKVStore:
         if seq.slot is None or self.owner.get(seq.slot) != seq.request_id:
             raise RuntimeError(f"request {seq.request_id!r} does not hold slot {seq.slot}")
         del self.owner[seq.slot]
-        self.free_slots.append(seq.slot)
+        heapq.heappush(self.free_slots, seq.slot)
         seq.slot = None
 
     @property

@@ -1,0 +1,43 @@
+"""Replay: arrival schedules like `vllm bench serve`'s, and records that week 03's metrics accept."""
+
+import math
+
+import numpy as np
+import pytest
+
+from infer.engine import Engine, SamplingParams
+from infer.engine.replay import arrival_offsets, replay
+from infer.metrics import calculate_metrics
+from infer.model import Transformer
+
+
+def test_arrival_offsets_have_the_requested_rate_and_burstiness():
+    for burstiness in (0.5, 1.0, 4.0):
+        offsets = np.array(arrival_offsets(4000, request_rate=20.0, burstiness=burstiness, seed=1))
+        gaps = np.diff(offsets)
+        assert offsets[0] == 0 and np.all(gaps >= 0)
+        assert gaps.mean() == pytest.approx(1 / 20, rel=0.08)
+        # a gamma with shape b has coefficient of variation 1/sqrt(b): lower burstiness, burstier
+        assert gaps.std() / gaps.mean() == pytest.approx(1 / math.sqrt(burstiness), rel=0.1)
+    assert arrival_offsets(3) == [0.0, 0.0, 0.0]
+    with pytest.raises(ValueError, match="request_rate must be > 0"):
+        arrival_offsets(3, request_rate=0)
+
+
+def test_replay_records_feed_week_03_metrics(tiny):
+    engine = Engine(Transformer.from_hf(tiny.model), max_num_seqs=4, max_num_batched_tokens=256, max_model_len=128)
+    prompts = [[1 + i] * (8 + 4 * i) for i in range(6)]
+    params = [SamplingParams(max_tokens=3 + i, temperature=0, ignore_eos=True) for i in range(6)]
+    records = replay(engine, prompts, params, offsets=arrival_offsets(6, request_rate=200.0, seed=0), max_concurrency=3)
+    assert [r.prompt_len for r in records] == [len(p) for p in prompts]
+    assert [r.num_output_tokens for r in records] == [3 + i for i in range(6)]
+    metrics = calculate_metrics(records)
+    assert metrics["completed"] == 6 and metrics["failed"] == 0
+    assert metrics["total_output_tokens"] == sum(3 + i for i in range(6))
+    assert not engine.has_unfinished() and engine.kv_store.num_free == 4
+
+
+def test_max_concurrency_caps_requests_in_flight(tiny):
+    engine = Engine(Transformer.from_hf(tiny.model), max_num_seqs=8, max_model_len=64, log_steps=True)
+    replay(engine, [[5, 6, 7]] * 6, SamplingParams(max_tokens=4, temperature=0, ignore_eos=True), max_concurrency=2)
+    assert max(len(step.request_ids) for step in engine.step_log) == 2
