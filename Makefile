@@ -33,9 +33,16 @@ notebooks: $(INSTALLED)
 labs: $(INSTALLED)
 	$(PY) -m infer.course.labgen
 
+# JupyterLab for a remote machine: no browser; it listens on LAB_IP:LAB_PORT and prints the URL
+# with its token (reach it from a laptop through an SSH tunnel, see README.md). GPU clouds often
+# hand out root containers, where Jupyter refuses to start without --allow-root.
+LAB_IP ?= 127.0.0.1
+LAB_PORT ?= 8888
+
 lab: $(INSTALLED)
 	$(PY) -m pip install --quiet -e ".[lab]"
-	$(VENV)/bin/jupyter lab
+	$(VENV)/bin/jupyter lab --no-browser --ip=$(LAB_IP) --port=$(LAB_PORT) --ServerApp.port_retries=0 \
+		$$(test "$$(id -u)" = 0 && echo --allow-root)
 
 # One torch thread per test worker: two workers with two threads each on a 2-core machine slow
 # small operations tenfold.
