@@ -8,7 +8,7 @@ BUILD := _build
 # (torch>=2.4) is then already met, and pip does not fetch a multi-GB CUDA build.
 CPU_TORCH := torch==2.13.0
 
-.PHONY: site notebooks labs lab test clean vllm serve
+.PHONY: site site-instructor notebooks labs lab test grade clean vllm serve
 
 $(INSTALLED): pyproject.toml
 	test -d $(VENV) || $(PYTHON) -m venv $(VENV)
@@ -17,13 +17,19 @@ $(INSTALLED): pyproject.toml
 	$(PY) -m pip install --quiet -e ".[test,site]"
 	touch $@
 
-# Execute lectures and solutions on this machine's profile into $(BUILD)/notebooks (the
-# committed notebooks stay as they are), then build the HTML site from those copies.
+# Execute the lectures on this machine's profile into $(BUILD)/notebooks (the committed
+# notebooks stay as they are), then build the students' HTML site from those copies and the labs.
+RUN_COPIES := INFER_FIGURES_DIR=$(BUILD)/figures INFER_RESULTS_DIR=$(BUILD)/results $(PY) -m infer.course.notebooks run --out $(BUILD)/notebooks
 site: $(INSTALLED)
 	rm -rf $(BUILD)/notebooks
-	INFER_FIGURES_DIR=$(BUILD)/figures INFER_RESULTS_DIR=$(BUILD)/results $(PY) -m infer.course.notebooks run --out $(BUILD)/notebooks weeks/*.ipynb solutions/*.ipynb
+	$(RUN_COPIES) weeks/*.ipynb
 	mkdir -p $(BUILD)/notebooks/labs && cp labs/*.ipynb $(BUILD)/notebooks/labs/
 	$(PY) site/build.py --notebooks $(BUILD)/notebooks --out $(BUILD)/html
+
+# The instructors' site: the students' site plus the solutions, executed the same way.
+site-instructor: site
+	$(RUN_COPIES) solutions/*.ipynb
+	$(PY) site/build.py --notebooks $(BUILD)/notebooks --with-solutions --out $(BUILD)/html-instructor
 
 # For authors: re-execute the committed notebooks in place, then regenerate the labs.
 notebooks: $(INSTALLED)
@@ -69,6 +75,12 @@ $(VLLM_INSTALLED):
 # The course engine behind its OpenAI-compatible server, on this machine's profile.
 serve: $(INSTALLED)
 	$(PY) -m infer.serve
+
+# Grade a folder of lab submissions: make grade LAB=02 SUBMISSIONS=path/to/folder [JOBS=4]
+JOBS ?= 2
+grade: $(INSTALLED)
+	@test -n "$(LAB)" -a -n "$(SUBMISSIONS)" || { echo "usage: make grade LAB=02 SUBMISSIONS=folder [JOBS=4]"; exit 2; }
+	$(PY) -m infer.course.grader $(LAB) "$(SUBMISSIONS)" -j $(JOBS)
 
 clean:
 	rm -rf $(BUILD)

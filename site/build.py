@@ -1,11 +1,13 @@
 """Build the course's static HTML site from notebooks that already carry their outputs.
 
-    python site/build.py --notebooks DIR --out DIR
+    python site/build.py --notebooks DIR --out DIR [--with-solutions]
 
 --notebooks holds weeks/, labs/ and solutions/ (the repository root, or an executed copy such
-as _build/notebooks). The script
-  1. assembles a Sphinx source tree next to --out: the notebooks named in the syllabus and a
-     home page whose table is generated from infer.course.syllabus.WEEKS;
+as _build/notebooks). The students' site has the lectures and labs; --with-solutions makes the
+instructors' site, which adds the solutions. The script
+  1. assembles a Sphinx source tree next to --out: the notebooks named in the syllabus, the
+     pages of site/pages/ (how labs are graded) and a home page whose table is generated from
+     infer.course.syllabus.WEEKS;
   2. runs sphinx-build -W (any warning fails the build), with site/ as configuration folder;
   3. copies MathJax, require.js and the ipywidgets renderer into the site: by default the
      pages load them from CDNs, and offline the math stays raw and the widgets blank. They
@@ -41,6 +43,8 @@ VENDORED = {
 NOT_NEEDED = ("*.map", "embed.js*", "libembed-amd.js",  # html-manager: pages load embed-amd.js
               "tex-svg*.js", "tex-chtml*.js", "mml-*.js", "node-main.js")  # MathJax's other bundles
 SECTIONS = (("weeks", "Lectures"), ("labs", "Labs"), ("solutions", "Solutions"))
+STUDENT_SECTIONS = ("weeks", "labs")  # the solutions only go to the instructors' site
+PAGES_DIR = SITE_DIR / "pages"  # markdown pages listed under "Course" in the sidebar
 
 
 def fetch_vendor_packages(cache: Path) -> dict[str, Path]:
@@ -82,8 +86,9 @@ def copy_vendor_files(unpacked: dict[str, Path], static_dir: Path) -> None:
                 shutil.copy2(source, destination)
 
 
-def home_page(available: set[str]) -> str:
-    """The syllabus table and the sidebar's three sections, as MyST markdown."""
+def home_page(available: set[str], pages: list[str] = ()) -> str:
+    """The syllabus table and the sidebar's sections, as MyST markdown. A solution appears only
+    when it is in `available` (the instructors' site)."""
     def link(section: str, week, text: str) -> str:
         path = f"{section}/{week.notebook_name}"
         return f"[{text}]({path})" if path in available else f"{text} (coming)"
@@ -94,7 +99,8 @@ def home_page(available: set[str]) -> str:
     lines = [
         "# LLM inference, from a naive generate() loop to chunked prefill",
         "",
-        "One notebook per week: a lecture, then a lab to complete and its solution.",
+        "One notebook per week: a lecture, then a lab to complete"
+        + (" and its solution." if any(p.startswith("solutions/") for p in available) else "."),
         "",
         "| Week | Title | Lecture | Lab |",
         "|------|-------|---------|-----|",
@@ -103,20 +109,26 @@ def home_page(available: set[str]) -> str:
         lecture = f"{cell(week.lecture)} → {link('weeks', week, 'lecture')}"
         lab = "-"
         if week.lab:
-            lab = (f"{cell(week.lab)} → {link('labs', week, 'lab')}, "
-                   f"{link('solutions', week, 'solution')}")
+            lab = f"{cell(week.lab)} → {link('labs', week, 'lab')}"
+            if f"solutions/{week.notebook_name}" in available:
+                lab += f", {link('solutions', week, 'solution')}"
         lines.append(f"| {week.number} | {cell(week.title)} | {lecture} | {lab} |")
     for section, caption in SECTIONS:
         entries = [p for week in WEEKS if (p := f"{section}/{week.notebook_name}") in available]
         if entries:
             lines += ["", "```{toctree}", ":hidden:", f":caption: {caption}", "", *entries, "```"]
+    if pages:
+        lines += ["", "```{toctree}", ":hidden:", ":caption: Course", "", *pages, "```"]
     return "\n".join(lines) + "\n"
 
 
-def assemble_source(notebooks: Path, source: Path) -> None:
-    """Copy the syllabus's notebooks that exist, and the figures; write the home page."""
+def assemble_source(notebooks: Path, source: Path, with_solutions: bool = False) -> None:
+    """Copy the syllabus's notebooks that exist (no solutions unless `with_solutions`), the
+    figures and the course pages; write the home page."""
     available = set()
     for section, _ in SECTIONS:
+        if section not in STUDENT_SECTIONS and not with_solutions:
+            continue
         for week in WEEKS:
             notebook = notebooks / section / week.notebook_name
             if notebook.exists():
@@ -128,7 +140,11 @@ def assemble_source(notebooks: Path, source: Path) -> None:
     # Markdown cells may show committed figures, ![...](../figures/x.png): keep that path valid.
     if (REPO_ROOT / "figures").is_dir():
         shutil.copytree(REPO_ROOT / "figures", source / "figures")
-    (source / "index.md").write_text(home_page(available), encoding="utf-8")
+    pages = []
+    for page in sorted(PAGES_DIR.glob("*.md")):
+        shutil.copy2(page, source / page.name)
+        pages.append(page.stem)
+    (source / "index.md").write_text(home_page(available, pages), encoding="utf-8")
 
 
 class RemoteAssetFinder(html.parser.HTMLParser):
@@ -159,7 +175,8 @@ def remote_assets(html_dir: Path) -> list[tuple[Path, str]]:
     return found
 
 
-def build_site(notebooks: Path, out: Path, vendor_cache: Path = DEFAULT_VENDOR_CACHE) -> Path:
+def build_site(notebooks: Path, out: Path, vendor_cache: Path = DEFAULT_VENDOR_CACHE,
+               with_solutions: bool = False) -> Path:
     notebooks, out = notebooks.resolve(), out.resolve()
     work = out.parent / f"{out.name}_sphinx"  # assembled source tree and Sphinx's doctrees
     unpacked = fetch_vendor_packages(vendor_cache)
@@ -168,7 +185,7 @@ def build_site(notebooks: Path, out: Path, vendor_cache: Path = DEFAULT_VENDOR_C
     shutil.rmtree(work, ignore_errors=True)
     if (out / ".buildinfo").exists():  # only ever delete a folder that Sphinx made
         shutil.rmtree(out)
-    assemble_source(notebooks, work / "source")
+    assemble_source(notebooks, work / "source", with_solutions)
     sphinx = subprocess.run([sys.executable, "-m", "sphinx", "-W", "--keep-going", "-q",
                              "-b", "html", "-c", str(SITE_DIR), "-d", str(work / "doctrees"),
                              str(work / "source"), str(out)])
@@ -190,8 +207,10 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=REPO_ROOT / "_build" / "html")
     parser.add_argument("--vendor-cache", type=Path, default=DEFAULT_VENDOR_CACHE,
                         help="where the npm packages are unpacked once and reused")
+    parser.add_argument("--with-solutions", action="store_true",
+                        help="the instructors' site: add the solutions (the students' site has none)")
     args = parser.parse_args()
-    index = build_site(args.notebooks, args.out, args.vendor_cache)
+    index = build_site(args.notebooks, args.out, args.vendor_cache, args.with_solutions)
     print(f"Site built: {index}")
 
 

@@ -18,7 +18,11 @@ html_theme_options = {
     "home_page_in_toc": True,
     "show_toc_level": 2,
 }
-html_static_path = []  # the npm libraries are copied into _static/offline/ by build.py
+# The theme reads the light/dark mode from localStorage, which is empty on a first visit: without
+# a default it logs "Got invalid theme mode" in the console of every new reader.
+html_context = {"default_mode": "auto"}
+# Our own script (widgets_offline.js); the npm libraries are copied into _static/offline/ by build.py.
+html_static_path = ["static"]
 
 # Everything below is served from the site itself, so that pages work offline. The paths are
 # relative to _static/. Sphinx's own default is MathJax 4 from a CDN; we ship MathJax 3
@@ -29,9 +33,10 @@ mathjax_path = "offline/mathjax/tex-mml-chtml.js"
 
 # The ipywidgets renderer: require.js first, then the html-manager bundle that finds the
 # widget state and views myst-nb wrote into the page. myst-nb adds both only to pages that
-# have widget state. (Math in widget labels stays raw: the renderer calls the MathJax 2 API,
-# logs an error in the console, and draws the widget anyway.)
+# have widget state. widgets_offline.js, between the two, shows the renderer where its fonts are
+# and maps its one MathJax 2 call (typesetting widget labels) onto MathJax 3.
 nb_ipywidgets_js = {
     "offline/require.js": {},
+    "widgets_offline.js": {},
     "offline/html-manager/embed-amd.js": {},
 }

@@ -1,5 +1,6 @@
 """The static site: it builds with -W from a few notebooks, its home page links them, and it
 loads nothing from the internet (MathJax, require.js and the widget renderer ship with it).
+The students' site (`make site`) has no solutions; the instructors' site adds them.
 
 The notebooks are the repository's own where they exist; the others are small stand-ins
 written here, one of them executed so that it carries real math, a PNG and ipywidgets state.
@@ -20,6 +21,7 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 # A small set: week 00's lecture and week 01's lecture, lab and solution.
 NOTEBOOKS = ("weeks/00_setup.ipynb", "weeks/01_prefill_decode.ipynb",
              "labs/01_prefill_decode.ipynb", "solutions/01_prefill_decode.ipynb")
+STUDENT_NOTEBOOKS = tuple(name for name in NOTEBOOKS if not name.startswith("solutions/"))
 
 
 def load_build_module():
@@ -65,15 +67,20 @@ def write_stand_in(name: str, target: Path) -> None:
     nbformat.write(stand_in_lecture() if lecture else stand_in(name), target)
 
 
-@pytest.fixture(scope="module")
-def site(tmp_path_factory):
-    notebooks = tmp_path_factory.mktemp("notebooks")
+def notebooks_folder(folder: Path) -> Path:
     for name in NOTEBOOKS:
         if (REPO_ROOT / name).exists():
-            (notebooks / name).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(REPO_ROOT / name, notebooks / name)
+            (folder / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(REPO_ROOT / name, folder / name)
         else:
-            write_stand_in(name, notebooks / name)
+            write_stand_in(name, folder / name)
+    return folder
+
+
+@pytest.fixture(scope="session")  # session: the browser test (test_site_browser.py) reuses this build
+def site(tmp_path_factory):
+    """The students' site, built from a folder that also holds a solution (which must stay out)."""
+    notebooks = notebooks_folder(tmp_path_factory.mktemp("notebooks"))
     out = tmp_path_factory.mktemp("site") / "html"
     try:
         return load_build_module().build_site(notebooks, out)
@@ -106,11 +113,28 @@ def test_home_page_links_every_existing_notebook(site):
         assert week.title in page, f"week {week.number} missing from the syllabus table"
     collector = LinkCollector()
     collector.feed(page)
-    expected = {name.replace(".ipynb", ".html") for name in NOTEBOOKS}
+    expected = {name.replace(".ipynb", ".html") for name in STUDENT_NOTEBOOKS}
     assert set(collector.links) == expected
     for link in collector.links:
         assert (site.parent / link).is_file(), f"broken link {link}"
     assert "coming" in page  # weeks without notebooks are listed as plain text
+
+
+def test_students_site_has_no_solutions(site):
+    html = site.parent
+    assert not (html / "solutions").exists()
+    assert "solution" not in site.read_text(encoding="utf-8").lower()
+    assert (html / "grading.html").is_file()  # how labs are graded: on both sites
+
+
+def test_instructors_site_adds_the_solutions(tmp_path):
+    build = load_build_module()
+    notebooks = notebooks_folder(tmp_path / "notebooks")
+    build.assemble_source(notebooks, tmp_path / "source", with_solutions=True)
+    assert (tmp_path / "source" / "solutions" / "01_prefill_decode.ipynb").is_file()
+    home = (tmp_path / "source" / "index.md").read_text(encoding="utf-8")
+    assert "[solution](solutions/01_prefill_decode.ipynb)" in home
+    assert ":caption: Solutions" in home and "grading" in home
 
 
 def test_no_page_loads_remote_assets(site):

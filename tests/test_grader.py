@@ -1,0 +1,329 @@
+"""The grader: a corpus of submissions built from solutions/02 (and 01), correct and broken in
+every way an instructor meets, graded in one folder; each gets its row, status and reason.
+
+The fast tests at the top build the graded notebook without a kernel. The corpus tests run real
+kernels (about a minute on two cores: the endless loop alone costs one cell time limit)."""
+
+import copy
+import csv
+import json
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from infer.course.grader import (GRADED, KERNEL_DIED, NOT_A_NOTEBOOK, TIMED_OUT, UNREADABLE, GradingKeyError,
+                                 Limits, assemble, find_lab, fresh_import_source, grade_folder, load_key,
+                                 read_submission, student_part, trusted_part)
+from infer.course.labgen import HINT, replace_solution_blocks
+
+LAB_02, SOLUTION_02 = find_lab("02")
+# The corpus's limits: the endless loop costs one cell limit; the model-loading cell needs far less.
+CORPUS_LIMITS = Limits(cell_s=45, notebook_s=300)
+
+
+def key_02():
+    return load_key(LAB_02, SOLUTION_02)
+
+
+def solved(solution_path: Path) -> nbformat.NotebookNode:
+    """A student's finished notebook: the solution's code without its markers and hints."""
+    notebook = nbformat.read(solution_path, as_version=4)
+    for cell in notebook.cells:
+        if cell.cell_type == "code":
+            cell.source = replace_solution_blocks(
+                cell.source, lambda block, indent: [line for line in block if not line.strip().startswith(HINT)])
+    return notebook
+
+
+def cell(notebook, cell_id: str):
+    matches = [c for c in notebook.cells if c.get("id") == cell_id]
+    assert matches, f"the corpus expects a cell {cell_id!r} in lab 02; update the corpus if it moved"
+    return matches[0]
+
+
+def expected_line(check_id: str) -> str:
+    return next(c.expected_line for c in key_02().checks if c.check_id == check_id)
+
+
+def check_of(cell_id: str) -> str:
+    return next(c.check_id for c in key_02().checks if c.cell_id == cell_id)
+
+
+# ---------------------------------------------------------------- without a kernel
+
+
+def test_trusted_part_is_what_follows_the_last_solution_block():
+    mixed = '# NBVAL_CHECK_OUTPUT\n# BEGIN SOLUTION\nanswer_q1 = 3\n# END SOLUTION\ncheck_answer("02.q1", answer_q1)'
+    assert trusted_part(mixed) == 'check_answer("02.q1", answer_q1)'
+    assert trusted_part("# NBVAL_CHECK_OUTPUT\ncheck_kv_bytes(kv_bytes_per_token)") == "check_kv_bytes(kv_bytes_per_token)"
+    student = '# NBVAL_CHECK_OUTPUT\nanswer_q1 = 6225\ncheck_answer("02.q1", answer_q1)'
+    assert student_part(student, 'check_answer("02.q1", answer_q1)') == "answer_q1 = 6225"
+
+
+def test_key_holds_every_check_in_notebook_order_with_its_solution_line():
+    key = key_02()
+    solution = nbformat.read(SOLUTION_02, as_version=4)
+    marked = [c.id for c in solution.cells if c.cell_type == "code" and "NBVAL_CHECK_OUTPUT" in c.source]
+    assert [check.cell_id for check in key.checks] == marked
+    assert all(check.expected_line.startswith("✅") and check.points == 1 for check in key.checks)
+    assert "02.q3" in [check.check_id for check in key.checks]  # the qid its line prints
+    assert key.max_score == len(marked)
+
+
+def test_points_and_id_come_from_the_solution_cell_metadata(tmp_path):
+    solution = nbformat.read(SOLUTION_02, as_version=4)
+    cell(solution, "check-kv-cache").metadata["grade"] = {"points": 3, "id": "kv-cache"}
+    nbformat.write(solution, tmp_path / "solution.ipynb")
+    key = load_key(LAB_02, tmp_path / "solution.ipynb")
+    check = next(c for c in key.checks if c.cell_id == "check-kv-cache")
+    assert (check.check_id, check.points) == ("kv-cache", 3)
+    assert key.max_score == len(key.checks) + 2
+
+
+def test_a_solution_without_executed_check_lines_is_refused(tmp_path):
+    solution = nbformat.read(SOLUTION_02, as_version=4)
+    cell(solution, "q3").outputs = []
+    nbformat.write(solution, tmp_path / "solution.ipynb")
+    with pytest.raises(GradingKeyError, match="'q3'.*make notebooks"):
+        load_key(LAB_02, tmp_path / "solution.ipynb")
+
+
+def test_restored_notebook_never_brings_back_solution_code():
+    key = key_02()
+    student = solved(SOLUTION_02)
+    student.cells = [c for c in student.cells if c.get("id") not in ("kv-cache", "q3")]
+    graded, matched = assemble(key, student)
+    lab = nbformat.read(LAB_02, as_version=4)
+    sources = [c.source for c in graded.cells]
+    assert cell(lab, "kv-cache").source in sources  # the lab's stub stands in for the deleted answer
+    solution_blocks = replace_solution_blocks(cell(nbformat.read(SOLUTION_02, as_version=4), "kv-cache").source,
+                                              lambda block, indent: block)
+    assert solution_blocks not in sources
+    assert "answer_q3 = None  # your answer" in sources  # the deleted mixed cell: the lab's stub answer
+    assert matched == len(key.cells) - 2
+
+
+def test_every_check_cell_imports_the_checks_afresh():
+    graded, _ = assemble(key_02(), solved(SOLUTION_02))
+    checks = [c for c in graded.cells if c.metadata["grader"]["role"] == "check"]
+    assert len(checks) == len(key_02().checks)
+    for check in checks:
+        assert check.source.startswith("# NBVAL_CHECK_OUTPUT\n")
+        assert "del _grader_sys.modules[_grader_module]" in check.source
+        assert "from infer.course." in check.source
+    assert fresh_import_source("print(1)", {"check_answer": "infer.course.checks"}) == ""
+
+
+def test_added_cells_run_where_the_student_put_them():
+    student = solved(SOLUTION_02)
+    position = student.cells.index(cell(student, "q2"))
+    student.cells.insert(position + 1, nbformat.v4.new_code_cell("scratch = 1"))
+    graded, _ = assemble(key_02(), student)
+    roles = [(c.metadata["grader"].get("cell_id"), c.source) for c in graded.cells]
+    q2_check = next(i for i, c in enumerate(graded.cells) if c.metadata["grader"].get("check_id") == "02.q2")
+    assert roles[q2_check + 1] == (None, "scratch = 1")
+
+
+@pytest.mark.parametrize("content, status", [
+    ('{"cells": [', UNREADABLE),
+    ("[1, 2]", NOT_A_NOTEBOOK),
+    ('{"nbformat": 4, "nbformat_minor": 5, "metadata": {}}', NOT_A_NOTEBOOK),
+])
+def test_unreadable_files_get_a_status_and_reason(tmp_path, content, status):
+    path = tmp_path / "someone.ipynb"
+    path.write_text(content)
+    got, reason = read_submission(path)
+    assert got == status and "someone.ipynb" in reason
+
+
+# ---------------------------------------------------------------- the corpus, graded for real
+
+
+def corpus_02(folder: Path) -> None:
+    """One notebook per case; every one but the case's defect is the correct solution."""
+    def write(name: str, notebook) -> None:
+        nbformat.write(notebook, folder / f"{name}.ipynb")
+
+    base = solved(SOLUTION_02)
+
+    def student():
+        return copy.deepcopy(base)
+
+    cell(base, "measure").source = "pass  # the timing race is not graded; skipped to keep the test short"
+    write("correct", student())
+
+    saved = student()  # a wrong answer, run, with a forged pass saved under it
+    cell(saved, "q3").source = '# NBVAL_CHECK_OUTPUT\nanswer_q3 = 1\ncheck_answer("02.q3", answer_q3)'
+    cell(saved, "q3").outputs = [nbformat.v4.new_output("stream", name="stdout", text=expected_line("02.q3") + "\n")]
+    write("saved_wrong_answer", saved)
+
+    unmarked = student()
+    cell(unmarked, "q1").source = 'answer_q1 = 1\ncheck_answer("02.q1", answer_q1)'
+    write("unmarked_check", unmarked)
+
+    deleted = student()
+    cell(deleted, "kv-bytes").source = "def kv_bytes_per_token(*args):\n    return 0"
+    deleted.cells.remove(cell(deleted, "check-kv-bytes"))
+    write("deleted_check", deleted)
+
+    edited = student()
+    cell(edited, "concurrency").source = "def max_concurrent_sequences(*args):\n    return -1"
+    cell(edited, "check-concurrency").source = f"# NBVAL_CHECK_OUTPUT\nprint({expected_line(check_of('check-concurrency'))!r})"
+    write("edited_check", edited)
+
+    no_answer = student()
+    no_answer.cells.remove(cell(no_answer, "kv-cache"))
+    write("deleted_answer", no_answer)
+
+    tamper = student()
+    cell(tamper, "q2").source = 'answer_q2 = "q only"\ncheck_answer("02.q2", answer_q2)'
+    cell(tamper, "kv-bytes").source = "def kv_bytes_per_token(*args):\n    return 0"
+    forged = {check_id: expected_line(check_id) for check_id in ("02.q2", check_of("check-kv-bytes"))}
+    position = tamper.cells.index(cell(tamper, "setup"))
+    tamper.cells.insert(position + 1, nbformat.v4.new_code_cell(
+        "import infer.course.checks as checks_module\n"
+        f"FORGED = {forged!r}\n"
+        "class Verdict:\n"
+        "    def __init__(self, qid, *args):\n"
+        "        self.line = FORGED.get(qid, f'✅ {qid} correct')\n"
+        "def check_answer(qid, answer):\n"
+        "    print(FORGED[qid])\n"
+        f"def check_kv_bytes(fn):\n    print(FORGED[{check_of('check-kv-bytes')!r}])\n"
+        "checks_module.Verdict = Verdict\n"
+        "checks_module.check_answer = check_answer\n"))
+    write("redefined_checks", tamper)
+
+    endless = student()
+    cell(endless, "kv-bytes").source = "while True:\n    pass"
+    write("endless_loop", endless)
+
+    dying = student()
+    cell(dying, "concurrency").source = "import os\nos._exit(1)"
+    write("kernel_death", dying)
+
+    (folder / "malformed.ipynb").write_text(nbformat.writes(base)[:500])
+    (folder / "notes.txt").write_text("I could not finish the lab.\n")
+
+
+@pytest.fixture(scope="module")
+def graded_02(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("submissions_02")
+    corpus_02(folder)
+    results = grade_folder("02", folder, jobs=2, limits=CORPUS_LIMITS, progress=False)
+    return folder, {r.student: r for r in results}
+
+
+def earned(result) -> dict[str, float]:
+    return {c.check_id: c.earned for c in result.checks}
+
+
+def reason(result, check_id: str) -> str:
+    return next(c.reason for c in result.checks if c.check_id == check_id)
+
+
+def assert_only_lost(result, lost: set[str]) -> None:
+    """Every check outside `lost` earned its points, and every check in it earned nothing."""
+    for check in result.checks:
+        if check.check_id in lost:
+            assert check.earned == 0, f"{result.student}: {check.check_id} earned points: {check.line}"
+        else:
+            assert check.earned == check.points, f"{result.student}: {check.check_id} lost: {check.reason}"
+
+
+def test_correct_submission_gets_full_marks(graded_02):
+    _, rows = graded_02
+    correct = rows["correct"]
+    assert correct.status == GRADED and correct.reason == ""
+    assert correct.score == correct.max_score == key_02().max_score, [c.reason for c in correct.checks if c.reason]
+
+
+def test_a_saved_wrong_answer_fails_whatever_line_was_saved(graded_02):
+    _, rows = graded_02
+    assert_only_lost(rows["saved_wrong_answer"], {"02.q3"})
+    assert reason(rows["saved_wrong_answer"], "02.q3").startswith("❌ 02.q3")
+
+
+def test_unmarked_deleted_and_edited_check_cells_are_graded_anyway(graded_02):
+    _, rows = graded_02
+    assert_only_lost(rows["unmarked_check"], {"02.q1"})
+    assert reason(rows["unmarked_check"], "02.q1").startswith("❌ 02.q1")
+    kv_bytes, concurrency = check_of("check-kv-bytes"), check_of("check-concurrency")
+    assert_only_lost(rows["deleted_check"], {kv_bytes})
+    assert reason(rows["deleted_check"], kv_bytes).startswith(f"❌ {kv_bytes}")
+    assert_only_lost(rows["edited_check"], {concurrency})
+    assert reason(rows["edited_check"], concurrency).startswith(f"❌ {concurrency}")
+
+
+def test_a_deleted_answer_earns_nothing(graded_02):
+    folder, rows = graded_02
+    kv_cache = check_of("check-kv-cache")
+    row = rows["deleted_answer"]
+    assert earned(row)[kv_cache] == 0 and row.status == GRADED
+    assert "not implemented" in reason(row, kv_cache).lower()
+    ran = nbformat.read(folder / "graded" / "deleted_answer.ipynb", as_version=4)
+    assert cell(nbformat.read(LAB_02, as_version=4), "kv-cache").source in [c.source for c in ran.cells]
+
+
+def test_redefined_checks_do_not_pass(graded_02):
+    _, rows = graded_02
+    row = rows["redefined_checks"]
+    assert_only_lost(row, {"02.q2", check_of("check-kv-bytes")})
+    assert reason(row, "02.q2").startswith("❌ 02.q2")
+
+
+def test_an_endless_loop_costs_only_the_remaining_checks(graded_02):
+    _, rows = graded_02
+    row = rows["endless_loop"]
+    assert row.status == TIMED_OUT and "'kv-bytes'" in row.reason and "45 s" in row.reason
+    remaining = {check_of("check-kv-bytes"), check_of("check-concurrency")}
+    assert_only_lost(row, remaining)
+    assert all(reason(row, check).startswith("not run: cell 'kv-bytes' ran past") for check in remaining)
+
+
+def test_a_dying_kernel_costs_only_the_remaining_checks(graded_02):
+    _, rows = graded_02
+    row = rows["kernel_death"]
+    assert row.status == KERNEL_DIED and "'concurrency'" in row.reason
+    assert_only_lost(row, {check_of("check-concurrency")})
+
+
+def test_unreadable_files_get_their_row_and_the_rest_is_graded(graded_02):
+    _, rows = graded_02
+    assert rows["malformed"].status == UNREADABLE and "not valid JSON" in rows["malformed"].reason
+    assert rows["notes"].status == NOT_A_NOTEBOOK and "notes.txt" in rows["notes"].reason
+    assert rows["malformed"].score == rows["notes"].score == 0
+
+
+def test_gradebook_files(graded_02):
+    folder, rows = graded_02
+    key = key_02()
+    with open(folder / "gradebook.csv", newline="", encoding="utf-8") as f:
+        table = list(csv.reader(f))
+    assert table[0] == ["student", "score", "max_score", "status", *[c.check_id for c in key.checks]]
+    by_student = {row[0]: row for row in table[1:]}
+    assert set(by_student) == set(rows)
+    assert by_student["correct"][1:4] == [str(key.max_score), str(key.max_score), GRADED]
+    assert by_student["endless_loop"][3] == TIMED_OUT
+    book = json.loads((folder / "gradebook.json").read_text(encoding="utf-8"))
+    assert [c["id"] for c in book["checks"]] == [c.check_id for c in key.checks]
+    saved = next(s for s in book["submissions"] if s["student"] == "saved_wrong_answer")
+    q3 = next(c for c in saved["checks"] if c["check_id"] == "02.q3")
+    assert q3["line"].startswith("❌ 02.q3") and q3["reason"] == q3["line"]
+
+
+def test_another_lab_correct_and_as_shipped(tmp_path):
+    lab, solution = find_lab("01")
+    nbformat.write(solved(solution), tmp_path / "finished.ipynb")
+    nbformat.write(nbformat.read(lab, as_version=4), tmp_path / "untouched.ipynb")
+    rows = {r.student: r for r in grade_folder("01", tmp_path, jobs=2, limits=CORPUS_LIMITS, progress=False)}
+    assert rows["finished"].score == rows["finished"].max_score, [c.reason for c in rows["finished"].checks if c.reason]
+    assert rows["untouched"].status == GRADED and rows["untouched"].score == 0
+    assert all(c.reason.startswith("❌") for c in rows["untouched"].checks)
+
+
+def test_bad_lab_number_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="lab number"):
+        grade_folder("kv", tmp_path)
+    with pytest.raises(ValueError, match="no single solution for lab 99"):
+        grade_folder("99", tmp_path)
