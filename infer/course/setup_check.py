@@ -13,6 +13,7 @@ from infer.course.checks import Verdict
 from infer.models import load_model
 from infer.prefill_decode import naive_greedy_generate
 from infer.profiles import pick_profile
+from infer.provenance import vllm_version
 from infer.prompts import random_prompt_ids
 
 
@@ -72,14 +73,15 @@ class OptionalPart:
 
 def optional_parts() -> list[OptionalPart]:
     cuda = torch.cuda.is_available()
-    vllm, flash_attn, triton = (package_version(p) for p in ("vllm", "flash-attn", "triton"))
+    flash_attn, triton = (package_version(p) for p in ("flash-attn", "triton"))
+    vllm = vllm_version()  # vLLM lives in its own venv (.venv-vllm, `make vllm`), apart from the course's
     return [
         OptionalPart("CUDA", cuda, torch.cuda.get_device_name(0) if cuda else "torch sees no CUDA device",
                      "The gpu profile runs (Qwen2.5-1.5B shape, bf16, the seed's grid)." if cuda else
                      "The cpu profile runs: a tiny random-weight model; GPU-only cells skip with one line."),
         OptionalPart("vLLM", vllm is not None and cuda, f"version {vllm}" if vllm else "not installed",
                      "Week 07 serves and benchmarks vLLM." if vllm and cuda else
-                     "Week 07's vLLM cells skip (install the gpu extra on a CUDA machine)."),
+                     "Week 07's vLLM cells skip (`make vllm` installs it into .venv-vllm)."),
         OptionalPart("flash-attn", flash_attn is not None and cuda, f"version {flash_attn}" if flash_attn else "not installed",
                      "Week 04 times flash_attn_func." if flash_attn and cuda else
                      "Week 04 compares the other attention kernels; flash_attn_func skips "
