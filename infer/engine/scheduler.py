@@ -119,6 +119,11 @@ def chunked_token_counts(running_needs: list[int], running_prefilling: list[bool
     return running_counts, new_counts
 
 
+# A chunked step's decision over plain numbers, `chunked_token_counts`'s signature (week 06's lab
+# writes one and plugs it in as Chunked(decide=...)).
+ChunkDecision = Callable[[list[int], list[bool], list[int], int, int], tuple[list[int], list[int]]]
+
+
 class Chunked:
     """Chunked prefill with a token budget (`max_num_batched_tokens`): decodes never wait for a
     whole prompt, they share each step with a slice of one."""
@@ -126,8 +131,11 @@ class Chunked:
     name = "chunked"
     splits_prompts = True
 
+    def __init__(self, decide: ChunkDecision = chunked_token_counts):
+        self.decide = decide
+
     def plan(self, waiting, running, limits):
-        running_counts, new_counts = chunked_token_counts(
+        running_counts, new_counts = self.decide(
             [s.num_uncomputed_tokens for s in running], [s.is_prefilling for s in running],
             [s.num_uncomputed_tokens for s in waiting], limits.max_num_seqs - len(running),
             limits.max_num_batched_tokens)

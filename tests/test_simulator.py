@@ -1,0 +1,137 @@
+"""The simulator: the real scheduler on a virtual clock. Its schedule is the engine's, step for
+step; its clock is exactly the cost model's; the fitted cost model recovers known costs; the
+roofline model is bandwidth-bound for small decode steps and compute-bound for long prefills."""
+
+import math
+import random
+
+import numpy as np
+import pytest
+
+from infer.chunked_prefill import mixed_workload, serve
+from infer.engine.simulator import CountingKVStore, simulate
+from infer.engine.step_costs import FEATURES, LinearStepCost, RooflineStepCost, StepShape
+from infer.metrics import calculate_metrics
+from infer.model import Transformer
+from infer.models import MODEL_SPECS
+
+
+class PerStep:
+    """A cost model with a fixed price per step: the clock then counts steps."""
+
+    def __init__(self, ms: float):
+        self.ms = ms
+
+    def step_ms(self, shape: StepShape) -> float:
+        return self.ms
+
+
+@pytest.fixture(scope="module")
+def model(tiny):
+    return Transformer.from_hf(tiny.model)
+
+
+def test_clock_counts_prefill_chunks_and_decodes():
+    run = simulate(PerStep(10.0), [5], [3], policy="chunked", max_num_seqs=1, max_num_batched_tokens=2)
+    # prompt 5 at 2 a step: 3 steps (the last one samples the first token), then 2 decodes
+    assert run.records[0].chunk_times == pytest.approx([0.03, 0.04, 0.05])
+    assert [s.shape.prefill_tokens for s in run.steps] == [2, 2, 1, 0, 0]
+    assert [s.shape.decode_seqs for s in run.steps] == [0, 0, 0, 1, 1]
+
+
+def test_arrivals_wait_for_their_time_and_the_concurrency_limit():
+    run = simulate(PerStep(1.0), [4, 4, 4], [2, 2, 2], policy="continuous", max_num_seqs=8,
+                   max_num_batched_tokens=64, offsets=[0.0, 0.5, 0.5], max_concurrency=1)
+    sends = [r.send_time for r in run.records]
+    assert sends[0] == 0.0 and sends[1] == pytest.approx(0.5) and sends[2] == pytest.approx(0.5 + 0.002)
+
+
+@pytest.mark.parametrize("policy, budget", [("chunked", 7), ("chunked", 64), ("continuous", 256), ("static", 256)])
+def test_the_simulated_schedule_is_the_engines(model, policy, budget):
+    workload = mixed_workload("same", 9, (3, 90), (2, 9), math.inf, model.arch.vocab_size, seed=budget)
+    real = serve(model, workload, policy, budget, max_num_seqs=4, max_model_len=128)
+    sim = simulate(PerStep(1.0), workload.prompt_lens, workload.output_lens, policy=policy, max_num_seqs=4,
+                   max_num_batched_tokens=budget, max_model_len=128)
+    assert [s.items for s in sim.steps] == [s.items for s in real.steps]
+    assert [s.shape for s in sim.steps] == [s.shape for s in real.steps]
+    assert [len(r.chunk_times) for r in sim.records] == workload.output_lens
+
+
+def test_step_shape_counts_attention_pairs_of_a_later_chunk():
+    run = simulate(PerStep(1.0), [10], [1], policy="chunked", max_num_seqs=1, max_num_batched_tokens=6)
+    first, second = run.steps[0].shape, run.steps[1].shape
+    assert first.prefill_attention_pairs == 6 * 7 // 2  # a square causal chunk from position 0
+    assert second.prefill_attention_pairs == 4 * 6 + 4 * 5 // 2  # 4 queries after 6 cached keys
+    assert second.sampled_rows == 1 and first.sampled_rows == 0
+
+
+def test_decode_kv_tokens_sum_each_decodes_context():
+    run = simulate(PerStep(1.0), [3, 5], [3, 3], policy="chunked", max_num_seqs=2, max_num_batched_tokens=64)
+    assert run.steps[1].shape.decode_seqs == 2
+    assert run.steps[1].shape.decode_kv_tokens == (3 + 1) + (5 + 1)  # each attends to prompt + its new token
+
+
+def test_fit_recovers_known_costs():
+    rng = random.Random(0)
+    truth = LinearStepCost({"steps": 2.0, "prefill_tokens": 0.05, "decode_seqs": 0.3, "decode_kv_tokens": 0.0,
+                            "prefill_attention_pairs": 1e-5})
+    shapes = [StepShape(p, d, d * rng.randint(10, 500), p * p // 2, d) for p, d in
+              ((rng.choice([0, rng.randint(1, 2000)]), rng.randint(0, 32)) for _ in range(200))]
+    times = [truth.step_ms(s) for s in shapes]
+    fitted = LinearStepCost.fit(shapes, times)
+    for name in FEATURES:
+        assert fitted.ms_per_unit[name] == pytest.approx(truth.ms_per_unit[name], rel=1e-6, abs=1e-9)
+    assert np.max(np.abs(fitted.relative_errors(shapes, times))) < 1e-6
+
+
+def test_fit_never_returns_a_negative_cost():
+    shapes = [StepShape(p, 0, 0, 0, 0) for p in range(1, 30)]
+    times = [10.0 - 0.1 * p for p in range(1, 30)]  # prefill tokens that "save" time: not physical
+    fitted = LinearStepCost.fit(shapes, times)
+    assert all(v >= 0 for v in fitted.ms_per_unit.values())
+
+
+def test_fit_refuses_too_few_steps():
+    with pytest.raises(ValueError, match="need at least 5 measured steps"):
+        LinearStepCost.fit([StepShape(1, 0, 0, 1, 1)], [1.0])
+
+
+def test_roofline_decode_is_bandwidth_bound_and_long_prefill_compute_bound():
+    cost = RooflineStepCost.for_model(MODEL_SPECS["qwen2.5-1.5b"].config(), 2, device="test", peak_flops=1e15,
+                                      bandwidth=3e12, overhead_ms=0.0)
+    weight_ms = (cost.layer_parameters + cost.head_parameters) * 2 / 3e12 * 1e3
+    decode = cost.step_ms(StepShape(0, 1, 100, 0, 1))
+    assert decode == pytest.approx(weight_ms, rel=0.01)  # one token: streaming the weights is all
+    prefill = StepShape(8192, 0, 0, 8192 * 8193 // 2, 1)
+    flops_ms = (2 * cost.layer_parameters * 8192 + 2 * cost.head_parameters
+                + cost.attention_flops_per_pair * prefill.prefill_attention_pairs) / 1e15 * 1e3
+    assert cost.step_ms(prefill) == pytest.approx(flops_ms, rel=1e-9)
+    assert flops_ms > weight_ms
+
+
+def test_simulated_records_feed_vllms_metrics():
+    run = simulate(PerStep(5.0), [16] * 4, [8] * 4, policy="chunked", max_num_batched_tokens=32)
+    metrics = calculate_metrics(run.records)
+    assert metrics["completed"] == 4 and metrics["total_output_tokens"] == 32
+    assert metrics["median_tpot_ms"] == pytest.approx(5.0)
+
+
+def test_bad_workloads_are_refused():
+    with pytest.raises(ValueError, match="3 prompt lengths and 2 output lengths"):
+        simulate(PerStep(1.0), [1, 2, 3], [1, 1])
+    with pytest.raises(ValueError, match="does not fit"):
+        simulate(PerStep(1.0), [100], [50], max_model_len=128)
+    with pytest.raises(ValueError, match="prefills whole prompts"):
+        simulate(PerStep(1.0), [100], [5], policy="continuous", max_num_batched_tokens=64)
+
+
+def test_counting_store_hands_out_and_takes_back_slots():
+    from infer.engine.sequence import SamplingParams, Sequence
+
+    store = CountingKVStore(2, 16)
+    seqs = [Sequence(str(i), [1, 2], SamplingParams(), 0.0) for i in range(3)]
+    store.allocate(seqs[0])
+    store.allocate(seqs[1])
+    assert not store.can_allocate(seqs[2]) and store.usage == 1.0
+    store.free(seqs[0])
+    assert store.can_allocate(seqs[2]) and store.usage == 0.5
