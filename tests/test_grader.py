@@ -1,8 +1,9 @@
 """The grader: a corpus of submissions built from solutions/02 (and 01), correct and broken in
 every way an instructor meets, graded in one folder; each gets its row, status and reason.
 
-The fast tests at the top build the graded notebook without a kernel. The corpus tests run real
-kernels (about a minute on two cores: the endless loop alone costs one cell time limit)."""
+The fast tests at the top build the graded notebook without a kernel. The corpus tests run ten
+real kernels, two at a time (about a minute and a half on two quiet cores; the endless loop alone
+costs one cell time limit)."""
 
 import copy
 import csv
@@ -312,14 +313,12 @@ def test_gradebook_files(graded_02):
     assert q3["line"].startswith("❌ 02.q3") and q3["reason"] == q3["line"]
 
 
-def test_another_lab_correct_and_as_shipped(tmp_path):
-    lab, solution = find_lab("01")
+def test_another_lab_gets_full_marks(tmp_path):
+    _, solution = find_lab("01")
     nbformat.write(solved(solution), tmp_path / "finished.ipynb")
-    nbformat.write(nbformat.read(lab, as_version=4), tmp_path / "untouched.ipynb")
-    rows = {r.student: r for r in grade_folder("01", tmp_path, jobs=2, limits=CORPUS_LIMITS, progress=False)}
-    assert rows["finished"].score == rows["finished"].max_score, [c.reason for c in rows["finished"].checks if c.reason]
-    assert rows["untouched"].status == GRADED and rows["untouched"].score == 0
-    assert all(c.reason.startswith("❌") for c in rows["untouched"].checks)
+    (finished,) = grade_folder("01", tmp_path, limits=CORPUS_LIMITS, progress=False)
+    assert finished.status == GRADED
+    assert finished.score == finished.max_score, [c.reason for c in finished.checks if c.reason]
 
 
 def test_bad_lab_number_is_refused(tmp_path):
