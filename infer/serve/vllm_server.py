@@ -103,3 +103,24 @@ def run_vllm_bench(base_url: str, model: str, tokenizer: str | os.PathLike, resu
     if done.returncode != 0:
         raise RuntimeError(f"vllm bench serve failed ({done.returncode}): {shlex.join(command)}\n{done.stderr[-3000:]}")
     return json.loads((Path(result_dir) / f"{name}.json").read_text())
+
+
+# ---------------------------------------------------------------- the commands on a GPU
+
+GPU_MODEL = "Qwen/Qwen2.5-1.5B-Instruct"
+BUDGET_GRID = (512, 2048, 8192, 16384)  # --max-num-batched-tokens values of the sweep
+
+
+def gpu_commands(model: str = GPU_MODEL, slo_ms: dict[str, float] | None = None) -> dict[str, str]:
+    """The seed's GPU workflow as commands to type: the server with a token budget, the benchmark
+    with goodput SLOs, and the sweep over budgets (it restarts the server for each)."""
+    slo_ms = slo_ms or {"ttft": 500, "tpot": 20}
+    base_serve = f"vllm serve {model} --dtype bfloat16 --max-model-len 8192"  # the sweep adds each budget
+    bench = (f"vllm bench serve --backend openai-chat --endpoint /v1/chat/completions --model {model} "
+             f"--dataset-name random --random-input-len 2048 --random-output-len 64 --num-prompts 200 "
+             f"--request-rate 8 --max-concurrency 16 --percentile-metrics ttft,tpot,itl,e2el "
+             f"--goodput {' '.join(f'{k}:{v:g}' for k, v in slo_ms.items())} --save-result")
+    budgets = json.dumps([{"max_num_batched_tokens": b} for b in BUDGET_GRID])
+    sweep = (f"echo '{budgets}' > budgets.json && vllm bench sweep serve "
+             f"--serve-cmd '{base_serve}' --bench-cmd '{bench}' --serve-params budgets.json -o results/sweep")
+    return {"serve": f"{base_serve} --max-num-batched-tokens 8192", "bench": bench, "sweep": sweep}
