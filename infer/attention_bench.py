@@ -49,6 +49,9 @@ def sweep_config(profile: Profile) -> SweepConfig:
     if profile.device == "cuda":
         return SweepConfig(seq_lens=(1024, 2048, 4096, 8192, 16384, 32768, 65536), batch=1, heads=16, head_dim=128,
                            dtype=torch.bfloat16, device="cuda", warmup=2, repeats=5, max_call_s=5.0)
+    if profile.name == "gpu-dryrun":  # the gpu sweep's dtype and head size at CPU lengths: checks paths, not speed
+        return SweepConfig(seq_lens=(128, 256, 512), batch=1, heads=2, head_dim=128, dtype=torch.bfloat16,
+                           device="cpu", warmup=1, repeats=1, max_call_s=2.0, cpu_threads=1)
     # One thread: on a shared 2-core machine, multi-threaded small ops spend most of their time
     # waiting for each other, which swamps the differences being measured.
     return SweepConfig(seq_lens=(512, 1024, 2048, 4096, 8192), batch=1, heads=1, head_dim=64,
