@@ -15,7 +15,7 @@ import pytest
 
 from infer.course.grader import (GRADED, KERNEL_DIED, NOT_A_NOTEBOOK, TIMED_OUT, UNREADABLE, GradingKeyError,
                                  Limits, assemble, find_lab, fresh_import_source, grade_folder, load_key,
-                                 read_submission, student_part, trusted_part)
+                                 main, read_submission, student_part, trusted_part)
 from infer.course.labgen import HINT, replace_solution_blocks
 
 LAB_02, SOLUTION_02 = find_lab("02")
@@ -321,8 +321,10 @@ def test_another_lab_gets_full_marks(tmp_path):
     assert finished.score == finished.max_score, [c.reason for c in finished.checks if c.reason]
 
 
-def test_bad_lab_number_is_refused(tmp_path):
+def test_bad_lab_number_is_refused(tmp_path, capsys):
     with pytest.raises(ValueError, match="lab number"):
         grade_folder("kv", tmp_path)
     with pytest.raises(ValueError, match="no single solution for lab 99"):
         grade_folder("99", tmp_path)
+    assert main(["02", str(tmp_path / "nowhere")]) == 2
+    assert "SUBMISSIONS must be a folder" in capsys.readouterr().err

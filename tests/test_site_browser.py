@@ -45,7 +45,7 @@ def site_pages(html_dir: Path) -> list[Path]:
                   if not p.relative_to(html_dir).parts[0].startswith("_"))
 
 
-def check_page(context, path: Path) -> list[str]:
+def check_page(context, path: Path, wait_ms: int = WAIT_MS) -> list[str]:
     """Open one page; return what is wrong with it, one line each."""
     errors, outside = [], []
     page = context.new_page()
@@ -60,7 +60,7 @@ def check_page(context, path: Path) -> list[str]:
     if state["views"]:
         try:
             page.wait_for_function(f"() => document.querySelectorAll('.jupyter-widgets').length >= {state['views']}",
-                                   timeout=WAIT_MS)
+                                   timeout=wait_ms)
         except Exception:  # playwright's TimeoutError: report the counts below
             pass
         state = page.evaluate(PAGE_STATE)
@@ -75,7 +75,7 @@ def check_page(context, path: Path) -> list[str]:
     return problems
 
 
-def check_site(html_dir: Path) -> dict[str, list[str]]:
+def check_site(html_dir: Path, wait_ms: int = WAIT_MS) -> dict[str, list[str]]:
     """{page: problems} for every page with a problem; screenshots saved under html_dir/screenshots."""
     from playwright.sync_api import sync_playwright
 
@@ -86,7 +86,7 @@ def check_site(html_dir: Path) -> dict[str, list[str]]:
         # Block anything that would leave the machine, so that the page is checked as it is offline.
         context.route(lambda url: not url.startswith(OFFLINE_SCHEMES), lambda route: route.abort())
         for path in site_pages(html_dir):
-            problems = check_page(context, path)
+            problems = check_page(context, path, wait_ms)
             if problems:
                 found[str(path.relative_to(html_dir))] = problems
         shots = html_dir / "screenshots"
@@ -106,14 +106,32 @@ def report(found: dict[str, list[str]]) -> str:
     return "\n".join(f"{page}: {problem}" for page, problems in found.items() for problem in problems)
 
 
-@pytest.fixture(scope="module")
-def browsed(site):  # noqa: F811  (the imported fixture)
+def need_browser() -> None:
     if not CHROMIUM.exists():
         pytest.skip(f"no browser at {CHROMIUM}: the site's browser test needs Debian's chromium "
                     "(apt-get install chromium)")
     pytest.importorskip("playwright", reason="the site's browser test needs the playwright package (test extra)")
+
+
+@pytest.fixture(scope="module")
+def browsed(site):  # noqa: F811  (the imported fixture)
+    need_browser()
     html_dir = site.parent
     return html_dir, check_site(html_dir)
+
+
+def test_the_browser_check_finds_each_kind_of_problem(tmp_path):
+    need_browser()
+    (tmp_path / "broken.html").write_text(
+        '<html><body><span class="math">\\(a^2\\)</span>'
+        '<script type="application/vnd.jupyter.widget-view+json">{"model_id": "0"}</script>'
+        '<img src="missing.png"><script>console.error("boom")</script>'
+        '<script src="https://cdn.example.org/lib.js"></script></body></html>')
+    problems = "\n".join(check_site(tmp_path, wait_ms=1000)["broken.html"])
+    for expected in ("console error: boom", "request outside file://: https://cdn.example.org/lib.js",
+                     "math not typeset: 0 MathJax elements for 1 formulas",
+                     "widgets not rendered: 0 drawn for 1 widget views", "image did not load: missing.png"):
+        assert expected in problems, f"{expected!r} not reported; reported:\n{problems}"
 
 
 def test_every_page_works_offline_in_a_browser(browsed):
