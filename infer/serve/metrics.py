@@ -9,6 +9,10 @@ Server-side TTFT counts from the moment the request reached the engine; a client
 network and the HTTP handling on both ends.
 """
 
+import threading
+import time
+
+import httpx
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 # Bucket edges in seconds: from a tiny model's sub-millisecond decode step to a long queue.
@@ -66,3 +70,29 @@ def read_metrics(text: str) -> dict[str, float]:
         name = name_and_labels.split("{", 1)[0]
         values[name] = values.get(name, 0.0) + float(value)
     return values
+
+
+class GaugeSampler:
+    """Scrape a server's /metrics every `period_s` seconds from a background thread, while a
+    benchmark runs: the server-side view over time (`with GaugeSampler(url) as s: ...; s.samples`).
+    Each sample is (seconds since start, {metric name: value})."""
+
+    def __init__(self, url: str, period_s: float = 0.05):
+        self.url, self.period_s = url.rstrip("/") + "/metrics", period_s
+        self.samples: list[tuple[float, dict[str, float]]] = []
+        self.stopping = threading.Event()
+        self.thread = threading.Thread(target=self._run, name="gauge-sampler", daemon=True)
+
+    def _run(self) -> None:
+        start = time.perf_counter()
+        with httpx.Client(timeout=5) as client:
+            while not self.stopping.wait(self.period_s):
+                self.samples.append((time.perf_counter() - start, read_metrics(client.get(self.url).text)))
+
+    def __enter__(self) -> "GaugeSampler":
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stopping.set()
+        self.thread.join()

@@ -40,9 +40,11 @@ def prompts_for(concurrency: int) -> int:
     return max(16, 2 * concurrency)
 
 
-def run_servers(lm, settings: EngineSettings, progress: bool = True, log_dir: str = "_build/serve_logs") -> list[dict]:
+def run_servers(lm, settings: EngineSettings, progress: bool = True, log_dir: str = "_build/serve_logs",
+                vllm_url: str | None = None) -> list[dict]:
     """Both HTTP servers at every concurrency, the same client and prompts for both. Each server is
-    a process of its own; their logs go to `log_dir`."""
+    a process of its own; their logs go to `log_dir`. `vllm_url`: a vLLM server already running
+    (serving the exported folder under the model's name), instead of starting one."""
     os.makedirs(log_dir, exist_ok=True)
     runs = []
 
@@ -54,6 +56,9 @@ def run_servers(lm, settings: EngineSettings, progress: bool = True, log_dir: st
 
     with running_server_process(lm.profile.name, settings, os.path.join(log_dir, "course_server.log")) as url:
         sweep("course-server", url)
+    if vllm_url:
+        sweep("vllm-server", vllm_url)
+        return runs
     reason = vllm_missing_reason()
     if reason:
         print(f"vLLM skipped: {reason}")
@@ -152,12 +157,13 @@ def plot_side_by_side(runs: list[dict], meta: dict):
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m infer.serve.side_by_side", description=__doc__)
     parser.add_argument("--no-progress", action="store_true")
+    parser.add_argument("--vllm-url", default=None, help="a running vLLM server of the exported model (default: start one)")
     args = parser.parse_args(argv)
     profile = pick_profile()
     lm = load_model(profile=profile, weights="random")
     settings = EngineSettings(max_num_seqs=max(CONCURRENCY))
     started = time.perf_counter()
-    runs = run_servers(lm, settings, progress=not args.no_progress)
+    runs = run_servers(lm, settings, progress=not args.no_progress, vllm_url=args.vllm_url)
     runs += run_sequential(lm, progress=not args.no_progress)
     meta = provenance(lm)
     summary = summarize(runs)
