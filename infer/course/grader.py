@@ -230,7 +230,10 @@ def _check_from(cell, notebook_name: str) -> Check:
 
 def fresh_import_source(trusted: str, fresh_imports: dict) -> str:
     """Code that re-imports the course's check modules and rebinds the names `trusted` uses."""
-    used = {node.id for node in ast.walk(ast.parse(trusted)) if isinstance(node, ast.Name)}
+    try:
+        used = {node.id for node in ast.walk(ast.parse(trusted)) if isinstance(node, ast.Name)}
+    except SyntaxError:  # IPython syntax (a magic): rebind every course name rather than guess
+        used = set(fresh_imports)
     needed = sorted(name for name in used if name in fresh_imports)
     if not needed:
         return ""
