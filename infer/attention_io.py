@@ -68,6 +68,16 @@ def tiled_hbm_bytes(seq_len: int, head_dim: int, block_q: int, block_k: int, byt
     return bytes_per_element * elements
 
 
+def standard_over_tiled_limit(head_dim: int, block_q: int, causal: bool = False) -> float:
+    """What `standard_attention_hbm_bytes / tiled_hbm_bytes` tends to as N grows: a constant.
+
+    Standard attention moves about 4N^2 elements; the tiled loop reads K and V (2Nd) once per
+    query block, N / B_r times: 2N^2 d / B_r, half that with the causal skip. The ratio is 2B_r/d,
+    or 4B_r/d causal, whatever N is: the saving does not grow with the sequence, only the O(Nd)
+    terms fade, so at short lengths the ratio is below its limit."""
+    return (4 if causal else 2) * block_q / head_dim
+
+
 def io_time_ms(bytes_moved: float, bandwidth_bytes_per_s: float) -> float:
     """The IO lower bound on time: bytes / bandwidth, in ms (compute and overheads ignored)."""
     return bytes_moved / bandwidth_bytes_per_s * 1e3
