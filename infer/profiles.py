@@ -90,7 +90,8 @@ def pick_profile(override: str | None = None) -> Profile:
                 f"valid profiles: {', '.join(sorted(PROFILES))}"
             )
         if PROFILES[requested].device == "cuda" and not torch.cuda.is_available():
-            raise RuntimeError(f"Profile {requested!r} needs a CUDA GPU, and torch sees none.")
+            raise RuntimeError(f"Profile {requested!r} needs a CUDA GPU, and torch sees none "
+                               f"(INFER_PROFILE=gpu-dryrun runs its code paths on a CPU, at small sizes).")
         return _with_reason(PROFILES[requested], f"requested by {'argument' if override else '$' + PROFILE_ENV_VAR}")
     if torch.cuda.is_available():
         return _with_reason(PROFILES["gpu"], f"CUDA device found: {torch.cuda.get_device_name(0)}")
