@@ -1,25 +1,41 @@
-"""Check questions: each check prints exactly one deterministic line, ✅ or ❌ with a reason.
+"""Check questions and code checks: each check prints exactly one line, ✅ or ❌ with a reason, and
+the same line on every run for the same verdict (random cases are seeded by the check's id).
 
-Two kinds:
-- `check_answer(qid, answer)`: a fixed answer (a number with a unit, or a choice) compared with a
-  hashed key from `infer/course/answer_keys/<week>.json`. The key file holds digests, not answers.
-  (Digests of short numbers can be brute-forced; they keep answers out of sight, not secret.)
-- `check_function(qid, fn, reference, cases, compare)`: a student's function run against the
-  library's reference on fresh inputs; the line says which case failed and how.
+The API that labs (and week 05's engine lab) build on:
+- `check_answer(qid, answer)` / `grade_answer(qid, answer, key=None) -> Verdict`: a fixed answer,
+  a number with a unit or a choice, graded against `infer/course/answer_keys/<week>.json`.
+- `check_function(qid, fn, reference, cases, compare, success)` / `grade_function(...) -> Verdict`:
+  a student's function run against the library's reference on every `Case`; `compare(got,
+  expected)` returns None or what differs. A function (or class) that *is* the library's own,
+  imported rather than written, fails before any case runs (`library_origin`).
+- `close_to(rel_tol, unit)` and `same_tokens` are ready-made comparisons; `case_rng(qid)` is the
+  seeded generator a check draws its cases from; `OpWatch` records the aten ops that code runs
+  and the shapes they produce, so a check can refuse a shortcut (torch.cat, SDPA, an N x N tensor).
 
-`grade_*` return a `Verdict`; `check_*` print its line (so a notebook cell shows one line and
-nothing else). nbval compares that line with the solution's.
+`grade_*` return a `Verdict`; `check_*` print its line, so a check cell shows one line.
+
+Answer keys. A numeric answer passes if and only if it lies in the key's interval: the exact value
+for counts and round-down answers, value x (1 +- tolerance) otherwise, the tolerance the question
+states. A choice passes if it is the key's option. Intervals and choices are stored XOR-ed with a
+stream derived from the question id: out of plain sight in the repository, not secret (anyone
+can call `reveal`). Keys are rebuilt from the solutions' own answers by
+`python -m infer.course.answer_keys.build` (see that module).
 """
 
-import argparse
+import base64
 import hashlib
 import json
 import math
 import numbers
+import random
+import struct
 from dataclasses import dataclass
 from importlib import resources
-from pathlib import Path
 from typing import Any, Callable, Iterable
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
 
 # How to turn an answer given in another unit into the key's unit; a match means a unit slip.
 UNIT_SLIPS = {
@@ -30,8 +46,9 @@ UNIT_SLIPS = {
     "TFLOP/s": [("FLOP/s", 1e-12), ("GFLOP/s", 1e-3)],
     "GB/s": [("bytes/s", 1e-9), ("TB/s", 1e3)],
     "tokens/s": [("tokens/ms", 1e3)],
+    "req/s": [("req/ms", 1e3)],
 }
-NUMBER_NUDGES = (0.0, -0.005, 0.005, -0.01, 0.01)  # relative: a 1% tolerance on hashed numbers
+LIBRARY_PACKAGE = "infer"
 
 
 @dataclass(frozen=True)
@@ -47,29 +64,122 @@ class Verdict:
         return f"❌ {self.qid}: {self.reason}"
 
 
-# ---------------------------------------------------------------- fixed answers, hashed keys
+def case_rng(qid: str) -> random.Random:
+    """The random generator a check draws its cases from: seeded by the check's id, so a wrong
+    function fails with the same line on every run (string seeds do not depend on PYTHONHASHSEED)."""
+    return random.Random(qid)
 
 
-def _digest(qid: str, canonical: str) -> str:
-    return hashlib.sha256(f"{qid}|{canonical}".encode()).hexdigest()
+def torch_generator(rng: random.Random) -> torch.Generator:
+    """A torch generator seeded from `rng`, for the tensors of a seeded case."""
+    return torch.Generator().manual_seed(rng.getrandbits(63))
 
 
-def _canonical_number(value: float, sig: int) -> str:
-    return f"{value:.{sig}g}"
+# ---------------------------------------------------------------- what counts as a number
 
 
-def _canonical_choice(value: str) -> str:
+def _kind_of(value: Any) -> str:
+    if isinstance(value, str):
+        return f"the string {value!r}"
+    if isinstance(value, dict):
+        return "a dict"
+    if isinstance(value, (list, tuple)):
+        return f"a {type(value).__name__} of {len(value)} item{'s' if len(value) != 1 else ''}"
+    if isinstance(value, bool):
+        return f"the bool {value}"
+    if hasattr(value, "shape") and hasattr(value, "dtype"):
+        return f"a {type(value).__name__} of shape {tuple(value.shape)}"
+    return f"a {type(value).__name__}"
+
+
+def as_number(value: Any, unit: str | None = None, what: str = "a number") -> tuple[float | None, str | None]:
+    """(the value as a float, None), or (None, why it is not one number). Python, numpy and torch
+    scalars, 0-d tensors and one-element arrays are numbers; bools, strings, None, dicts and
+    sequences are not, and each gets its own message."""
+    wanted = f"{what} in {unit}" if unit else what
+    if value is None or value is Ellipsis:
+        return None, f"expected {wanted}, got None (no answer yet, or a function without `return`?)"
+    if isinstance(value, bool):
+        return None, f"expected {wanted}, got the bool {value}"
+    if isinstance(value, str):
+        return None, f"expected {wanted}, got the string {value!r}: give a number, not text"
+    if isinstance(value, dict):
+        return None, f"expected {wanted}, got a dict"
+    if isinstance(value, (list, tuple)):
+        return None, f"expected one number{' in ' + unit if unit else ''}, got {_kind_of(value)}"
+    if isinstance(value, numbers.Real):
+        number = float(value)
+    elif hasattr(value, "item") and hasattr(value, "shape"):  # numpy and torch arrays and scalars
+        if math.prod(value.shape) != 1:
+            return None, f"expected one number{' in ' + unit if unit else ''}, got {_kind_of(value)}"
+        item = value.item()
+        if isinstance(item, bool) or not isinstance(item, numbers.Real):
+            return None, f"expected {wanted}, got {_kind_of(value)} holding {item!r}"
+        number = float(item)
+    else:
+        return None, f"expected {wanted}, got {_kind_of(value)}"
+    if not math.isfinite(number):
+        return None, f"expected a finite number{' in ' + unit if unit else ''}, got {number}"
+    return number, None
+
+
+# ---------------------------------------------------------------- fixed answers, obfuscated keys
+
+
+def _stream(qid: str, length: int) -> bytes:
+    blocks, counter = b"", 0
+    while len(blocks) < length:
+        blocks += hashlib.sha256(f"{qid}|{counter}".encode()).digest()
+        counter += 1
+    return blocks[:length]
+
+
+def conceal(qid: str, payload: bytes) -> str:
+    """`payload` XOR-ed with a stream derived from `qid`, as base64: bound to its question."""
+    return base64.b64encode(bytes(a ^ b for a, b in zip(payload, _stream(qid, len(payload))))).decode()
+
+
+def reveal(qid: str, text: str) -> bytes:
+    data = base64.b64decode(text)
+    return bytes(a ^ b for a, b in zip(data, _stream(qid, len(data))))
+
+
+def canonical_choice(value: str) -> str:
     return " ".join(str(value).strip().lower().split())
 
 
-def make_key(qid: str, answer: Any, *, unit: str | None = None, sig: int = 2, options: Iterable[str] | None = None) -> dict:
-    """The key entry for one question (used by authors; see `python -m infer.course.checks --help`)."""
-    if options is not None:
-        options = [_canonical_choice(o) for o in options]
-        if _canonical_choice(answer) not in options:
-            raise ValueError(f"answer {answer!r} is not among the options {options}")
-        return {"kind": "choice", "options": options, "digest": _digest(qid, _canonical_choice(answer))}
-    return {"kind": "number", "unit": unit, "sig": sig, "digest": _digest(qid, _canonical_number(float(answer), sig))}
+def number_interval(value: float, tolerance: str | float) -> tuple[float, float]:
+    """The answers accepted: exactly `value` ("exact"), or within a relative `tolerance` of it."""
+    if tolerance == "exact":
+        if value != round(value):
+            raise ValueError(f"an exact answer must be a whole number, got {value}")
+        return float(value), float(value)
+    if not isinstance(tolerance, (int, float)) or not 0 < tolerance < 1:
+        raise ValueError(f"tolerance must be 'exact' or a relative tolerance in (0, 1), got {tolerance!r}")
+    spread = abs(value) * tolerance
+    return value - spread, value + spread
+
+
+def sealed_key(qid: str, spec: dict, answer: Any) -> dict:
+    """The key entry for one question: `spec` (kind, unit, tolerance, options, section: what the
+    lab states) plus the concealed answer. Authors call it through the answer_keys builder."""
+    entry = dict(spec)
+    if spec["kind"] == "choice":
+        options = [canonical_choice(o) for o in spec["options"]]
+        if canonical_choice(answer) not in options:
+            raise ValueError(f"{qid}: the answer {answer!r} is not among the options {options}")
+        entry["options"] = options
+        entry["secret"] = conceal(qid, canonical_choice(answer).encode())
+    else:
+        value, problem = as_number(answer)
+        if problem:
+            raise ValueError(f"{qid}: the solution's answer is not a number: {problem}")
+        entry["secret"] = conceal(qid, struct.pack("<dd", *number_interval(value, spec["tolerance"])))
+    return entry
+
+
+def key_interval(qid: str, key: dict) -> tuple[float, float]:
+    return struct.unpack("<dd", reveal(qid, key["secret"]))
 
 
 def load_key(qid: str) -> dict:
@@ -90,42 +200,45 @@ def grade_answer(qid: str, answer: Any, key: dict | None = None) -> Verdict:
     return _grade_number(qid, answer, key)
 
 
+def _see(key: dict) -> str:
+    return f"; see {key['section']}" if key.get("section") else ""
+
+
 def _grade_choice(qid: str, answer: Any, key: dict) -> Verdict:
     options = ", ".join(repr(o) for o in key["options"])
     if not isinstance(answer, str):
-        return Verdict(qid, False, f"expected one of {options} as a string, got {type(answer).__name__} {answer!r}")
-    given = _canonical_choice(answer)
+        return Verdict(qid, False, f"expected one of {options} as a string, got {_kind_of(answer)}")
+    given = canonical_choice(answer)
     if given not in key["options"]:
         return Verdict(qid, False, f"expected one of {options}, got {answer!r}")
-    if _digest(qid, given) != key["digest"]:
-        return Verdict(qid, False, f"{answer!r} is not the right choice; reread the section above and try again")
+    if given != reveal(qid, key["secret"]).decode():
+        return Verdict(qid, False, f"{answer!r} is not the right choice{_see(key)}")
     return Verdict(qid, True)
 
 
+def tolerance_text(tolerance: str | float) -> str:
+    return "exact" if tolerance == "exact" else f"within {tolerance:.0%}"
+
+
 def _grade_number(qid: str, answer: Any, key: dict) -> Verdict:
-    unit = key.get("unit") or "no unit"
-    if isinstance(answer, bool) or not _is_number(answer):
-        return Verdict(qid, False, f"expected a number in {unit}, got {type(answer).__name__} {answer!r}")
-    value = float(answer)
-    if not math.isfinite(value):
-        return Verdict(qid, False, f"expected a finite number in {unit}, got {value}")
-    if _matches(qid, value, key):
+    unit = key.get("unit")
+    value, problem = as_number(answer, unit)
+    if problem:
+        return Verdict(qid, False, problem)
+    low, high = key_interval(qid, key)
+    if low <= value <= high:
         return Verdict(qid, True)
-    for other_unit, to_key_unit in UNIT_SLIPS.get(key.get("unit"), []):
-        if _matches(qid, value * to_key_unit, key):
-            return Verdict(qid, False, f"expected a value in {unit}, got {answer:g} ({other_unit}?)")
-    return Verdict(qid, False, f"{answer:g} {unit} is not within 1% of the expected value")
-
-
-def _is_number(answer: Any) -> bool:
-    if isinstance(answer, numbers.Real):
-        return True
-    # numpy scalars and one-element tensors: accept what converts cleanly to a float.
-    return hasattr(answer, "item") and getattr(answer, "ndim", 1) == 0 and isinstance(answer.item(), numbers.Real)
-
-
-def _matches(qid: str, value: float, key: dict) -> bool:
-    return any(_digest(qid, _canonical_number(value * (1 + nudge), key["sig"])) == key["digest"] for nudge in NUMBER_NUDGES)
+    exact = key["tolerance"] == "exact"
+    if exact and value != round(value):
+        return Verdict(qid, False, f"expected a whole number, got {value:g}: this answer is an exact count "
+                                   f"(round down where the question says so)")
+    for other_unit, to_key_unit in UNIT_SLIPS.get(unit, []):
+        if low <= value * to_key_unit <= high:
+            return Verdict(qid, False, f"expected a value in {unit}, got {value:g} ({other_unit}?)")
+    shown = f"{value:g} {unit}" if unit else f"{value:g}"
+    if exact:
+        return Verdict(qid, False, f"{shown} is not the exact answer{_see(key)}")
+    return Verdict(qid, False, f"{shown} is not {tolerance_text(key['tolerance'])} of the expected value{_see(key)}")
 
 
 def check_answer(qid: str, answer: Any) -> None:
@@ -144,11 +257,37 @@ class Case:
     kwargs: dict | None = None
 
 
+def library_origin(obj: Any) -> str | None:
+    """The dotted name of the course library's object that `obj` is (or subclasses, or wraps with
+    functools.partial), or None when the student wrote it. A lab asks for the idea written by hand:
+    handing in `infer.kv_cache.KVCache` itself proves nothing."""
+    candidates = [getattr(obj, "func", None), getattr(obj, "__func__", None), obj]
+    if isinstance(obj, type):
+        candidates += list(obj.__mro__)
+    for candidate in candidates:
+        module = getattr(candidate, "__module__", None) or ""
+        if module == LIBRARY_PACKAGE or module.startswith(LIBRARY_PACKAGE + "."):
+            return f"{module}.{getattr(candidate, '__qualname__', type(candidate).__name__)}"
+    return None
+
+
+def library_verdict(qid: str, obj: Any) -> Verdict | None:
+    """A failing verdict if `obj` is the library's own, else None."""
+    origin = library_origin(obj)
+    if origin is None:
+        return None
+    return Verdict(qid, False, f"this is the course library's own {origin}, imported rather than written: "
+                               f"the lab asks you to write it yourself")
+
+
 def grade_function(qid: str, fn: Callable, reference: Callable, cases: Iterable[Case],
                    compare: Callable[[Any, Any], str | None], success: str) -> Verdict:
     """Run `fn` and `reference` on every case; `compare(got, expected)` returns None or what differs."""
     if not callable(fn):
-        return Verdict(qid, False, f"expected a function, got {type(fn).__name__}")
+        return Verdict(qid, False, f"expected a function, got {_kind_of(fn)}")
+    borrowed = library_verdict(qid, fn)
+    if borrowed:
+        return borrowed
     count = 0
     for case in cases:
         count += 1
@@ -174,7 +313,7 @@ def same_tokens(got, expected) -> str | None:
     """Compare two token-id sequences (tensors or lists); say where they first differ."""
     got_list, expected_list = _as_id_list(got), _as_id_list(expected)
     if got_list is None:
-        return f"expected token ids (a tensor or list of ints), got {type(got).__name__}"
+        return f"expected token ids (a tensor or list of ints), got {_kind_of(got)}"
     if len(got_list) != len(expected_list):
         return f"expected {len(expected_list)} tokens, got {len(got_list)}"
     for position, (g, e) in enumerate(zip(got_list, expected_list)):
@@ -193,21 +332,37 @@ def _as_id_list(ids) -> list[int] | None:
     return ids
 
 
-def close_to(rel_tol: float = 1e-6, unit: str = "") -> Callable[[Any, Any], str | None]:
-    """A comparison for numbers, or tuples of numbers, within a relative tolerance."""
+def distinct_pair(got: float, expected: float) -> tuple[str, str]:
+    """The two numbers printed with just enough digits to tell them apart (never "got 0.9987,
+    expected 0.9987")."""
+    for digits in range(4, 18):
+        shown = f"{got:.{digits}g}", f"{expected:.{digits}g}"
+        if shown[0] != shown[1]:
+            return shown
+    return repr(got), repr(expected)
+
+
+def close_to(rel_tol: float = 1e-6, unit: str = "", abs_tol: float = 1e-12) -> Callable[[Any, Any], str | None]:
+    """A comparison for numbers, or tuples of numbers (a list is fine too), within a relative
+    tolerance. Floats are compared as float64; the default suits float32 results."""
 
     def compare(got, expected) -> str | None:
-        got_items = got if isinstance(got, tuple) else (got,)
-        expected_items = expected if isinstance(expected, tuple) else (expected,)
-        if len(got_items) != len(expected_items):
-            return f"expected {len(expected_items)} values, got {len(got_items)}"
-        for index, (g, e) in enumerate(zip(got_items, expected_items)):
-            label = f"value {index}" if len(expected_items) > 1 else "the value"
-            if g is None or isinstance(g, bool) or not _is_number(g):
-                return f"{label}: expected a number{' in ' + unit if unit else ''}, got {type(g).__name__}"
-            if not math.isclose(float(g), float(e), rel_tol=rel_tol, abs_tol=1e-12):
-                slip = _unit_slip(float(g), float(e), unit)
-                return f"{label}: got {float(g):.4g}, expected {float(e):.4g}{slip}"
+        if isinstance(expected, tuple):
+            if not isinstance(got, (tuple, list)):
+                return f"expected a tuple of {len(expected)} numbers, got {_kind_of(got)}"
+            if len(got) != len(expected):
+                return f"expected a tuple of {len(expected)} numbers, got {_kind_of(got)}"
+            pairs = list(zip(got, expected))
+        else:
+            pairs = [(got, expected)]
+        for index, (g, e) in enumerate(pairs):
+            label = f"value {index}" if len(pairs) > 1 else "the value"
+            value, problem = as_number(g, unit or None)
+            if problem:
+                return f"{label}: {problem}"
+            if not math.isclose(value, float(e), rel_tol=rel_tol, abs_tol=abs_tol):
+                shown_got, shown_expected = distinct_pair(value, float(e))
+                return f"{label}: got {shown_got}, expected {shown_expected}{_unit_slip(value, float(e), unit)}"
         return None
 
     return compare
@@ -220,28 +375,33 @@ def _unit_slip(got: float, expected: float, unit: str) -> str:
     return ""
 
 
-# ---------------------------------------------------------------- authoring keys
+# ---------------------------------------------------------------- watching what code does
 
 
-def add_key(week_file: Path, qid: str, entry: dict) -> None:
-    keys = json.loads(week_file.read_text()) if week_file.exists() else {}
-    keys[qid] = entry
-    week_file.write_text(json.dumps(dict(sorted(keys.items())), indent=2) + "\n")
+class OpWatch(TorchDispatchMode):
+    """Inside `with OpWatch() as watch:`, `watch.ops` lists every aten op that ran, as
+    (name, [output shapes]) in order: a check sees *how* a result was computed (a torch.cat in a
+    cache write, an SDPA call or an N x N tensor in tiled attention), not only the result."""
 
+    def __init__(self):
+        super().__init__()
+        self.ops: list[tuple[str, list[tuple[int, ...]]]] = []
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description="Add or replace the hashed answer key of one question.")
-    parser.add_argument("qid", help="question id, e.g. 01.q3 (the week prefix picks the key file)")
-    parser.add_argument("answer", help="the correct answer: a number, or one of --options")
-    parser.add_argument("--unit", help="unit of a numeric answer, e.g. ms, GB, FLOP/byte")
-    parser.add_argument("--sig", type=int, default=2, help="significant digits compared (default 2)")
-    parser.add_argument("--options", nargs="+", help="the allowed choices of a choice question")
-    args = parser.parse_args(argv)
-    entry = make_key(args.qid, args.answer, unit=args.unit, sig=args.sig, options=args.options)
-    week_file = Path(str(resources.files("infer.course.answer_keys"))) / f"{args.qid.split('.')[0]}.json"
-    add_key(week_file, args.qid, entry)
-    print(f"key for {args.qid} written to {week_file}")
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        shapes = [tuple(leaf.shape) for leaf in tree_leaves(out) if isinstance(leaf, torch.Tensor)]
+        self.ops.append((func.name(), shapes))
+        return out
 
+    def first(self, names: Iterable[str]) -> str | None:
+        """The first op run whose name contains one of `names` (e.g. "aten::cat"), or None."""
+        names = tuple(names)
+        return next((op for op, _ in self.ops if any(name in op for name in names)), None)
 
-if __name__ == "__main__":
-    main()
+    def first_larger_than(self, elements: int) -> tuple[str, tuple[int, ...]] | None:
+        """The first (op, shape) whose output holds at least `elements` elements, or None."""
+        for op, shapes in self.ops:
+            for shape in shapes:
+                if math.prod(shape) >= elements:
+                    return op, shape
+        return None

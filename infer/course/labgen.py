@@ -5,9 +5,10 @@ The lab replaces each block with a stub at the same indentation:
 - a block of plain assignments (`answer_q1 = 3.1`) becomes the same names set to None;
 - any other block becomes `raise NotImplementedError("<hint>")`, the hint taken from the
   block's `# HINT:` comment lines (in an assignment block they stay as comments).
-Cell ids are kept. Check cells (`# NBVAL_CHECK_OUTPUT`) keep the solution's outputs and
-execution counts: they are what nbval compares the student's run with. Every other output is
-cleared, so the lab opens clean.
+Cell ids are kept, and check cells keep their `# NBVAL_CHECK_OUTPUT` marker: the grader finds
+them by id and marker, and restores their expected lines from the solution. Every output and
+execution count is cleared, check cells' included, so the lab opens clean: no ✅ under
+`answer_q1 = None` before the student has run anything.
 
     python -m infer.course.labgen            # regenerate every lab
     python -m infer.course.labgen --check    # exit 1 if any lab is stale
@@ -24,7 +25,7 @@ import nbformat
 
 BEGIN, END, HINT = "# BEGIN SOLUTION", "# END SOLUTION", "# HINT:"
 CHECK_MARK = "NBVAL_CHECK_OUTPUT"
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 class SolutionMarkupError(ValueError):
@@ -95,8 +96,7 @@ def make_lab(solution: nbformat.NotebookNode, name: str = "notebook") -> nbforma
         if cell.cell_type != "code":
             continue
         cell.source = stub_source(cell.source, where=f"{name} code cell {index}")
-        if CHECK_MARK not in cell.source:
-            cell.outputs, cell.execution_count = [], None
+        cell.outputs, cell.execution_count = [], None
     lab.metadata.pop("widgets", None)
     return lab
 

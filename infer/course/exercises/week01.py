@@ -1,40 +1,139 @@
-"""Lab 01 code checks: the naive loop, TTFT/TPOT from timestamps, arithmetic intensity."""
+"""Lab 01 code checks: the naive loop, TTFT/TPOT from timestamps, arithmetic intensity.
 
-import random
+The naive-loop check looks at how the tokens were made, not only at the tokens: `transformers`'
+own generate() (or any cached loop) gives the same tokens, so the check counts the tokens each
+forward pass sees (the whole sequence so far, every step), and asks for one timestamp per token."""
 
-from infer.course.checks import Case, check_function, close_to
-from infer.prefill_decode import ttft_and_tpot_ms, verify_naive_loop
+import copy
+import time
+
+import torch
+
+from infer import hf
+from infer.course.checks import Case, Verdict, case_rng, close_to, grade_function, same_tokens
+from infer.prefill_decode import ttft_and_tpot_ms
+from infer.prompts import random_prompt_ids
 from infer.roofline import matmul_arithmetic_intensity
+
+NAIVE_QID = "01.lab.naive_loop"
+NAIVE_NEW_TOKENS = 12
+
+
+class ForwardLengths:
+    """Inside `with ForwardLengths(model) as seen:`, `seen.lengths` lists the sequence length of
+    every forward pass of `model` (a transformers causal LM), in order."""
+
+    def __init__(self, model):
+        self.model, self.lengths = model, []
+
+    def _record(self, module, args, kwargs):
+        ids = args[0] if args else kwargs.get("input_ids")
+        if ids is not None:
+            self.lengths.append(int(ids.shape[-1]))
+
+    def __enter__(self):
+        self.handle = self.model.register_forward_pre_hook(self._record, with_kwargs=True)
+        return self
+
+    def __exit__(self, *exc):
+        self.handle.remove()
+        return False
+
+
+def grade_naive_loop(naive_greedy_generate, model, prompts: int = 5) -> Verdict:
+    """Tokens equal to transformers' greedy generate(); every step runs the whole sequence so far;
+    a `timestamps` list gets one perf_counter() time per new token, taken during the call."""
+    rng = case_rng(NAIVE_QID)
+    # float32: in bf16 the cached (generate) and uncached (naive) paths round differently, and with
+    # random weights a near-tie argmax can flip without any bug.
+    model = model if next(model.parameters()).dtype == torch.float32 else copy.deepcopy(model).float()
+    device = next(model.parameters()).device
+    cases = []
+    for _ in range(prompts):
+        length = rng.randint(3, 40)
+        prompt = random_prompt_ids(model.config, length, seed=rng.randrange(2**31)).to(device)
+        cases.append(Case(f"a {length}-token prompt", (model, prompt, NAIVE_NEW_TOKENS)))
+    verdict = grade_function(NAIVE_QID, naive_greedy_generate, hf.greedy_generate, cases, same_tokens, "")
+    if not verdict.ok:
+        return verdict
+    return (_recompute_verdict(naive_greedy_generate, cases[0])
+            or _timestamps_verdict(naive_greedy_generate, cases[0])
+            or Verdict(NAIVE_QID, True, f"token-identical to transformers' generate() on {prompts} random prompts "
+                                        f"({NAIVE_NEW_TOKENS} new tokens each, float32), the whole sequence at every "
+                                        f"step, one timestamp per token"))
+
+
+def _recompute_verdict(fn, case: Case) -> Verdict | None:
+    model, prompt, new_tokens = case.args
+    with ForwardLengths(model) as seen:
+        fn(model, prompt, new_tokens)
+    wanted = [prompt.shape[1] + step for step in range(new_tokens)]
+    if seen.lengths == wanted:
+        return None
+    if len(seen.lengths) != new_tokens:
+        return Verdict(NAIVE_QID, False, f"on {case.description}, your loop ran {len(seen.lengths)} forward passes for "
+                                         f"{new_tokens} new tokens: the naive loop runs one per new token")
+    step = next(i for i, (got, want) in enumerate(zip(seen.lengths, wanted)) if got != want)
+    return Verdict(NAIVE_QID, False, f"on {case.description}, step {step} fed the model {seen.lengths[step]} tokens, "
+                                     f"not the {wanted[step]} of the whole sequence so far: the naive loop recomputes "
+                                     f"everything at every step (no KV cache, no model.generate())")
+
+
+def _timestamps_verdict(fn, case: Case) -> Verdict | None:
+    model, prompt, new_tokens = case.args
+    stamps = []
+    before = time.perf_counter()
+    try:
+        fn(model, prompt, new_tokens, timestamps=stamps)
+    except TypeError as exc:
+        return Verdict(NAIVE_QID, False, f"calling it with timestamps=[] raised TypeError ({exc}): keep the "
+                                         f"`timestamps=None` parameter")
+    after = time.perf_counter()
+    if not stamps:
+        return Verdict(NAIVE_QID, False, "given a `timestamps` list, your loop recorded no time: append "
+                                         "time.perf_counter() each time a new token is ready")
+    if len(stamps) != new_tokens:
+        return Verdict(NAIVE_QID, False, f"given a `timestamps` list, your loop recorded {len(stamps)} times for "
+                                         f"{new_tokens} new tokens: one per token, when it is ready")
+    if not all(isinstance(t, float) and before <= t <= after for t in stamps) or stamps != sorted(stamps):
+        return Verdict(NAIVE_QID, False, "the recorded timestamps are not time.perf_counter() readings taken in "
+                                         "order during the call, one as each token becomes ready")
+    return None
 
 
 def check_naive_loop(naive_greedy_generate, model, prompts: int = 5) -> None:
-    """Tokens of the student's loop must equal transformers' greedy generate() on fresh prompts."""
-    rng = random.Random()
-    lengths = tuple(rng.randint(3, 40) for _ in range(prompts))
-    print(verify_naive_loop(model, model.config, naive_greedy_generate, qid="01.lab.naive_loop",
-                            prompt_lens=lengths, seed=rng.randrange(2**31)).line)
+    print(grade_naive_loop(naive_greedy_generate, model, prompts).line)
 
 
-def check_ttft_tpot(student_ttft_and_tpot_ms, requests: int = 6) -> None:
-    rng = random.Random()
+def grade_ttft_tpot(student_ttft_and_tpot_ms, requests: int = 6) -> Verdict:
+    qid = "01.lab.ttft_tpot"
+    rng = case_rng(qid)
     cases = []
     for _ in range(requests):
         send = rng.uniform(0, 100)
-        first = send + rng.uniform(0.01, 2.0)
-        gaps = [rng.uniform(0.001, 0.3) for _ in range(rng.randint(1, 30))]
-        times = [first]
-        for gap in gaps:
-            times.append(times[-1] + gap)
+        times = [send + rng.uniform(0.01, 2.0)]
+        for _ in range(rng.randint(1, 30)):
+            times.append(times[-1] + rng.uniform(0.001, 0.3))
         cases.append(Case(f"a request sent at {send:.3f} s with {len(times)} tokens", (send, times)))
-    check_function("01.lab.ttft_tpot", student_ttft_and_tpot_ms, ttft_and_tpot_ms, cases, close_to(1e-6, unit="ms"),
-                   f"TTFT and TPOT match on {requests} random requests")
+    return grade_function(qid, student_ttft_and_tpot_ms, ttft_and_tpot_ms, cases, close_to(1e-6, unit="ms"),
+                          f"TTFT and TPOT match on {requests} random requests")
 
 
-def check_intensity(student_intensity, shapes: int = 6) -> None:
-    rng = random.Random()
+def check_ttft_tpot(student_ttft_and_tpot_ms, requests: int = 6) -> None:
+    print(grade_ttft_tpot(student_ttft_and_tpot_ms, requests).line)
+
+
+def grade_intensity(student_intensity, shapes: int = 6) -> Verdict:
+    qid = "01.lab.intensity"
+    rng = case_rng(qid)
     cases = [Case("a decode-like matmul m=1, k=n=1536, bf16", (1, 1536, 1536, 2))]
     for _ in range(shapes - 1):
         m, k, n, width = rng.randint(1, 4096), rng.randint(64, 8192), rng.randint(64, 8192), rng.choice([1, 2, 4])
         cases.append(Case(f"m={m}, k={k}, n={n}, {width} bytes per element", (m, k, n, width)))
-    check_function("01.lab.intensity", student_intensity, matmul_arithmetic_intensity, cases, close_to(1e-9),
-                   f"arithmetic intensity matches on {shapes} matmul shapes")
+    return grade_function(qid, student_intensity, matmul_arithmetic_intensity, cases, close_to(1e-6, unit="FLOP/byte"),
+                          f"arithmetic intensity matches on {shapes} matmul shapes")
+
+
+def check_intensity(student_intensity, shapes: int = 6) -> None:
+    print(grade_intensity(student_intensity, shapes).line)
+

@@ -1,29 +1,38 @@
 """Lab 02 code checks: a preallocated KV cache, the cached decode loop, the memory bill.
 
 Each check runs the student's code against the library's (infer.kv_cache, infer.generate,
-infer.memory) on fresh random inputs and prints one line."""
+infer.memory) on random inputs seeded by the check's id, and prints one line. The cache and loop
+checks also watch *how* the result was made: a cache must write in place (no torch.cat; what
+`read` returns stays in the same memory from one write to the next), and a cached loop must feed
+the model the prompt once, then one token per decode step."""
 
-import numbers
 import random
 
 import torch
 
 from infer import hf, memory
-from infer.course.checks import Case, Verdict, check_function, close_to, same_tokens
+from infer.course.checks import (Case, OpWatch, Verdict, as_number, case_rng, close_to, grade_function, library_verdict,
+                                 same_tokens, torch_generator)
 from infer.generate import cached_greedy_generate
 from infer.kv_cache import KVCache
 from infer.model import Arch, Transformer
 from infer.models import MODEL_SPECS
 from infer.prompts import random_prompt_ids
 
+CACHE_QID = "02.lab.kv_cache"
+GROWTH_OPS = ("aten::cat", "aten::stack", "aten::constant_pad_nd")  # ways to grow a tensor instead of writing into one
+
 
 # ---------------------------------------------------------------- the cache
 
 
-def grade_kv_cache(student_cache_class, hf_model, qid: str = "02.lab.kv_cache", rounds: int = 3) -> Verdict:
-    """Random writes and reads against infer.kv_cache.KVCache, a write past capacity, and a real
-    generation through the student's cache."""
-    rng = random.Random()
+def grade_kv_cache(student_cache_class, hf_model, qid: str = CACHE_QID, rounds: int = 3) -> Verdict:
+    """Random writes and reads against infer.kv_cache.KVCache (in place, no torch.cat), a write
+    past capacity, and a real generation through the student's cache."""
+    borrowed = library_verdict(qid, student_cache_class)
+    if borrowed:
+        return borrowed
+    rng = case_rng(qid)
     try:
         for _ in range(rounds):
             verdict = _random_writes_and_reads(student_cache_class, rng, qid)
@@ -41,9 +50,14 @@ def check_kv_cache(student_cache_class, hf_model) -> None:
     print(grade_kv_cache(student_cache_class, hf_model).line)
 
 
+def _storage(tensor) -> int | None:
+    return tensor.untyped_storage().data_ptr() if isinstance(tensor, torch.Tensor) else None
+
+
 def _random_writes_and_reads(cache_class, rng: random.Random, qid: str) -> Verdict | None:
     layers, seqs, max_len, kv_heads, head_dim = rng.randint(1, 3), rng.randint(1, 4), rng.randint(8, 40), rng.randint(1, 4), rng.choice([2, 4, 8])
     shape_text = f"num_layers={layers}, max_seqs={seqs}, max_len={max_len}, kv_heads={kv_heads}, head_dim={head_dim}"
+    generator = torch_generator(rng)
     try:
         theirs = cache_class(layers, seqs, max_len, kv_heads, head_dim)
     except NotImplementedError:
@@ -52,24 +66,32 @@ def _random_writes_and_reads(cache_class, rng: random.Random, qid: str) -> Verdi
         return Verdict(qid, False, f"creating a cache with {shape_text} raised {type(exc).__name__}: {exc}")
     ours = KVCache(layers, seqs, max_len, kv_heads, head_dim)
     filled = [0] * seqs
+    homes: dict[tuple[int, int], tuple[int | None, int | None]] = {}  # (layer, seq) -> storages read from
     for _ in range(12):
         layer, seq = rng.randrange(layers), rng.randrange(seqs)
         if filled[seq] >= max_len:
             continue
         start = filled[seq]
         n = rng.randint(1, min(6, max_len - start))
-        k, v = torch.randn(kv_heads, n, head_dim), torch.randn(kv_heads, n, head_dim)
+        k = torch.randn(kv_heads, n, head_dim, generator=generator)
+        v = torch.randn(kv_heads, n, head_dim, generator=generator)
         what = f"write(layer={layer}, seq_id={seq}, start={start}, k, v) of {n} positions ({shape_text})"
         for layer_all in range(layers):  # the model writes every layer; keep the two caches in step
             ours.write(layer_all, seq, start, k, v)
         try:
-            for layer_all in range(layers):
-                theirs.write(layer_all, seq, start, k, v)
+            with OpWatch() as watch:
+                for layer_all in range(layers):
+                    theirs.write(layer_all, seq, start, k, v)
             got_k, got_v = theirs.read(layer, seq, start + n)
         except NotImplementedError:
             raise
         except Exception as exc:
             return Verdict(qid, False, f"{what} then read raised {type(exc).__name__}: {exc}")
+        grown = watch.first(GROWTH_OPS)
+        if grown:
+            return Verdict(qid, False, f"write() grows a tensor ({grown}, as torch.cat does): a cache grown by "
+                                       f"concatenation copies everything stored so far at every step; allocate the "
+                                       f"buffers once in __init__ and copy each write into them")
         filled[seq] = start + n
         want_k, want_v = ours.read(layer, seq, start + n)
         for label, got, want in (("keys", got_k, want_k), ("values", got_v, want_v)):
@@ -80,6 +102,11 @@ def _random_writes_and_reads(cache_class, rng: random.Random, qid: str) -> Verdi
             if not torch.equal(got, want):
                 return Verdict(qid, False, f"after {what}, read(layer, seq_id, end={start + n}) returned the wrong "
                                            f"{label}: did the write land at positions start..start+n-1 of that slot?")
+        home = (_storage(got_k), _storage(got_v))
+        if homes.setdefault((layer, seq), home) != home:
+            return Verdict(qid, False, "the tensors read() returns moved to new memory between two writes: a "
+                                       "preallocated cache writes in place, and read() returns views (slices) of "
+                                       "its buffers, not copies or new tensors")
     return None
 
 
@@ -120,23 +147,61 @@ def _generation_through(cache_class, hf_model, rng: random.Random, qid: str) -> 
 # ---------------------------------------------------------------- the cached decode loop
 
 
-def check_cached_loop(student_generate, hf_model, prompts: int = 5) -> None:
-    """The student's `(model, prompt_ids, max_new_tokens, cache)` loop vs transformers' generate()."""
+class TokenCountingModel:
+    """The course model, counting the tokens of every forward pass (`fed`), so that a check can
+    tell a cached loop (the prompt once, then one token per step) from one that recomputes."""
+
+    def __init__(self, model: Transformer):
+        self.model, self.fed = model, []
+
+    def __call__(self, token_ids, *args, **kwargs):
+        self.fed.append(int(token_ids.numel()))
+        return self.model(token_ids, *args, **kwargs)
+
+    forward = __call__
+
+    def __getattr__(self, name):  # arch, embed, config...: the wrapped model's own
+        return getattr(self.model, name)
+
+
+def grade_cached_loop(student_generate, hf_model, prompts: int = 5) -> Verdict:
+    """The student's `(model, prompt_ids, max_new_tokens, cache)` loop vs transformers' generate(),
+    then the tokens it fed each forward pass."""
+    qid = "02.lab.cached_loop"
     model = Transformer.from_hf(hf_model)
-    rng = random.Random()
+    rng = case_rng(qid)
     cases = []
     for _ in range(prompts):
         length, new_tokens = rng.randint(1, 48), rng.randint(2, 12)
         ids = random_prompt_ids(hf_model.config, length, seed=rng.randrange(2**31))
         cache = KVCache.for_model(model, max_seqs=1, max_len=length + new_tokens)  # exactly enough room
-        cases.append(Case(f"a {length}-token prompt with max_new_tokens={new_tokens}", (model, ids, new_tokens, cache)))
+        cases.append(Case(f"a {length}-token prompt with max_new_tokens={new_tokens}",
+                          (TokenCountingModel(model), ids, new_tokens, cache)))
 
     def reference(_model, ids, new_tokens, _cache):
         return hf.greedy_generate(hf_model, ids, new_tokens)
 
-    check_function("02.lab.cached_loop", student_generate, reference, cases, same_tokens,
-                   f"tokens identical to transformers' generate() on {prompts} random prompts, with a cache "
-                   f"of exactly prompt + new tokens positions")
+    verdict = grade_function(qid, student_generate, reference, cases, same_tokens, "")
+    if not verdict.ok:
+        return verdict
+    for case in cases:
+        counting, ids, new_tokens, _ = case.args
+        wanted = [ids.numel()] + [1] * (new_tokens - 1)
+        if counting.fed != wanted:
+            return Verdict(qid, False, f"on {case.description}, your loop fed the model {_fed_text(counting.fed)}; a "
+                                       f"cached loop feeds the prompt once ({ids.numel()} tokens), then one new token "
+                                       f"per decode step: the cache holds the rest")
+    return Verdict(qid, True, f"tokens identical to transformers' generate() on {prompts} random prompts, with a cache "
+                              f"of exactly prompt + new tokens positions, one new token per decode step")
+
+
+def _fed_text(fed: list[int]) -> str:
+    shown = ", ".join(map(str, fed[:6])) + (", ..." if len(fed) > 6 else "")
+    return f"{len(fed)} forward passes of [{shown}] tokens"
+
+
+def check_cached_loop(student_generate, hf_model, prompts: int = 5) -> None:
+    print(grade_cached_loop(student_generate, hf_model, prompts).line)
 
 
 # ---------------------------------------------------------------- the memory bill
@@ -148,8 +213,9 @@ def _shipped_shapes():
         yield name, arch
 
 
-def check_kv_bytes(student_kv_bytes_per_token) -> None:
-    rng = random.Random()
+def grade_kv_bytes(student_kv_bytes_per_token) -> Verdict:
+    qid = "02.lab.kv_bytes"
+    rng = case_rng(qid)
     cases = []
     for name, arch in _shipped_shapes():
         width = rng.choice([1, 2, 4])
@@ -159,12 +225,17 @@ def check_kv_bytes(student_kv_bytes_per_token) -> None:
     for _ in range(3):
         args = (rng.randint(1, 96), rng.randint(1, 16), rng.choice([64, 80, 96, 128, 256]), rng.choice([1, 2, 4]))
         cases.append(Case("layers={}, kv_heads={}, head_dim={}, bytes={}".format(*args), args))
-    check_function("02.lab.kv_bytes", student_kv_bytes_per_token, memory.kv_token_bytes, cases,
-                   close_to(1e-9, unit="bytes"), f"KV bytes per token match on {len(cases)} model shapes")
+    return grade_function(qid, student_kv_bytes_per_token, memory.kv_token_bytes, cases,
+                          close_to(1e-9, unit="bytes"), f"KV bytes per token match on {len(cases)} model shapes")
 
 
-def check_concurrency(student_max_concurrent_sequences) -> None:
-    rng = random.Random()
+def check_kv_bytes(student_kv_bytes_per_token) -> None:
+    print(grade_kv_bytes(student_kv_bytes_per_token).line)
+
+
+def grade_concurrency(student_max_concurrent_sequences) -> Verdict:
+    qid = "02.lab.concurrency"
+    rng = case_rng(qid)
     cases = []
     for name, spec in MODEL_SPECS.items():
         if name == "tiny":
@@ -176,13 +247,18 @@ def check_concurrency(student_max_concurrent_sequences) -> None:
         cases.append(Case(f"{name} in {dtype} on a {gpu_gb} GB card, {reserve_gb} GB reserve, {seq_len}-token sequences", args))
     cases.append(Case("a card too small for the weights (16 GB card, 15 GB of weights, 2 GB reserve)",
                       (16e9, 15e9, 2e9, 28_672, 1024)))
-    check_function("02.lab.concurrency", student_max_concurrent_sequences, memory.sequences_that_fit, cases,
-                   _whole_sequences, f"whole sequences that fit match on {len(cases)} model/card combinations")
+    return grade_function(qid, student_max_concurrent_sequences, memory.sequences_that_fit, cases,
+                          _whole_sequences, f"whole sequences that fit match on {len(cases)} model/card combinations")
+
+
+def check_concurrency(student_max_concurrent_sequences) -> None:
+    print(grade_concurrency(student_max_concurrent_sequences).line)
 
 
 def _whole_sequences(got, expected) -> str | None:
-    if isinstance(got, bool) or not isinstance(got, numbers.Real):
-        return f"expected a whole number of sequences, got {type(got).__name__} {got!r}"
+    got, problem = as_number(got, what="a whole number of sequences")
+    if problem:
+        return problem
     if got != int(got):
         return f"got {got:,.3f} sequences: a fraction of a sequence cannot run, round down to whole sequences"
     if got != expected:

@@ -1,13 +1,15 @@
 """Lab 03 code checks: per-request latencies, the run's metrics, goodput, and a benchmark grid.
 
-Each check builds fresh random request records (streamed, one-token, multi-token chunks and
-failed requests, in random order) and compares the student's function with infer.metrics."""
+Each check builds random request records seeded by its id (streamed, one-token, multi-token
+chunks and failed requests, in random order) and compares the student's function with
+infer.metrics. When a value is wrong, the check recomputes it the ways students get it wrong
+(failed requests counted, `<` for `<=`...) and names the one that matches."""
 
 import math
 import random
 
-from infer.course.checks import Case, Verdict, check_function
-from infer.metrics import calculate_metrics, request_goodput, request_latencies_ms
+from infer.course.checks import Case, Verdict, as_number, case_rng, distinct_pair, grade_function
+from infer.metrics import benchmark_duration_s, calculate_metrics, request_goodput, request_latencies_ms
 from infer.profiles import BenchmarkGrid
 from infer.records import RequestRecord
 
@@ -59,50 +61,87 @@ def _reference_latencies(record):
 
 
 def _compare_latencies(got, expected) -> str | None:
-    if not isinstance(got, tuple) or len(got) != 3:
-        return f"expected a tuple (ttft_ms, tpot_ms, e2el_ms), got {type(got).__name__} {got!r}"
+    if got is None:
+        return "returned None (a missing `return`?); expected a tuple (ttft_ms, tpot_ms, e2el_ms)"
+    if not isinstance(got, (tuple, list)) or len(got) != 3:
+        shown = type(got).__name__ + (f" of {len(got)} items" if isinstance(got, (tuple, list, dict)) else "")
+        return f"expected a tuple (ttft_ms, tpot_ms, e2el_ms), got a {shown}"
     for name, g, e in zip(("ttft_ms", "tpot_ms", "e2el_ms"), got, expected):
         if e is None:
             if g is not None:
                 return f"{name}: a one-token request has no TPOT: return None, got {g!r}"
             continue
-        if g is None or isinstance(g, bool) or not isinstance(g, (int, float)) and not hasattr(g, "item"):
-            return f"{name}: expected a number in ms, got {g!r}"
-        if not math.isclose(float(g), e, rel_tol=1e-6, abs_tol=1e-9):
-            slip = " (in seconds? expected ms)" if math.isclose(float(g) * 1e3, e, rel_tol=1e-6) else ""
-            return f"{name}: got {float(g):.6g}, expected {e:.6g}{slip}"
+        value, problem = as_number(g, "ms")
+        if problem:
+            return f"{name}: {problem}"
+        if not math.isclose(value, e, rel_tol=1e-6, abs_tol=1e-9):
+            slip = " (in seconds? expected ms)" if math.isclose(value * 1e3, e, rel_tol=1e-6) else ""
+            shown_got, shown_expected = distinct_pair(value, e)
+            return f"{name}: got {shown_got}, expected {shown_expected}{slip}"
     return None
 
 
-def check_latencies(student_latencies_ms, requests: int = 12) -> None:
-    rng = random.Random()
+def grade_latencies(student_latencies_ms, requests: int = 12) -> Verdict:
+    qid = "03.lab.latencies"
+    rng = case_rng(qid)
     kinds = ["streamed", "one_token", "chunked"] + [rng.choice(["streamed", "one_token", "chunked"]) for _ in range(requests - 3)]
     cases = []
     for kind in kinds:
         record = random_record(rng, kind)
         cases.append(Case(_describe(record), (record,)))
-    check_function("03.lab.latencies", student_latencies_ms, _reference_latencies, cases, _compare_latencies,
-                   f"TTFT, TPOT and E2EL match on {requests} random requests (one-token and multi-token chunks included)")
+    return grade_function(qid, student_latencies_ms, _reference_latencies, cases, _compare_latencies,
+                          f"TTFT, TPOT and E2EL match on {requests} random requests (one-token and multi-token "
+                          f"chunks included)")
 
 
-def _compare_dicts(keys):
-    def compare(got, expected) -> str | None:
-        if not isinstance(got, dict):
-            return f"expected a dict, got {type(got).__name__}"
-        for key in keys:
-            if key not in got:
-                return f"the key {key!r} is missing"
-            g, e = got[key], expected[key]
-            if g is None or isinstance(g, bool) or not isinstance(g, (int, float)) and not hasattr(g, "item"):
-                return f"{key}: expected a number, got {g!r}"
-            if not math.isclose(float(g), float(e), rel_tol=1e-6, abs_tol=1e-9):
-                return f"{key}: got {float(g):.6g}, expected {float(e):.6g}{_hint(key, float(g), float(e))}"
-        return None
-
-    return compare
+def check_latencies(student_latencies_ms, requests: int = 12) -> None:
+    print(grade_latencies(student_latencies_ms, requests).line)
 
 
-def _hint(key: str, got: float, expected: float) -> str:
+def _compare_metrics(got, expected) -> str | None:
+    """`expected` is (the library's metrics, the run's records): the records let a wrong value be
+    recomputed the usual wrong ways, so the message names the mistake that was made."""
+    metrics, records = expected
+    if got is None:
+        return "returned None (a missing `return`?); expected a dict of metrics"
+    if not isinstance(got, dict):
+        return f"expected a dict of metrics, got a {type(got).__name__}"
+    for key in LAB_METRIC_KEYS:
+        if key not in got:
+            return f"the key {key!r} is missing"
+        value, problem = as_number(got[key])
+        if problem:
+            return f"{key}: {problem}"
+        if not math.isclose(value, float(metrics[key]), rel_tol=1e-6, abs_tol=1e-9):
+            shown_got, shown_expected = distinct_pair(value, float(metrics[key]))
+            return f"{key}: got {shown_got}, expected {shown_expected}{_metric_hint(key, value, float(metrics[key]), records)}"
+    return None
+
+
+def _metric_hint(key: str, got: float, expected: float, records) -> str:
+    """Why `got` is wrong, when it equals what a known mistake gives; otherwise what the key means."""
+    done = [r for r in records if r.success]
+    duration = benchmark_duration_s(records)
+    completed_only = max(r.finish_time for r in done) - min(r.send_time for r in done)
+    output = sum(r.num_output_tokens for r in done)
+    mistakes = {
+        "total_token_throughput": [
+            ((sum(r.prompt_len for r in records) + output) / duration,
+             "failed requests' prompt tokens are counted: count prompt_len of completed requests only"),
+            ((sum(r.prompt_len for r in done) + output) / completed_only,
+             "the duration leaves out failed requests: it runs from the first send to the last finish of all records"),
+        ],
+        "request_throughput": [(len(records) / duration, "failed requests are counted: count completed requests only"),
+                               (len(done) / completed_only, "the duration leaves out failed requests: it runs from the "
+                                                            "first send to the last finish of all records")],
+        "output_throughput": [(output / completed_only, "the duration leaves out failed requests: it runs from the "
+                                                        "first send to the last finish of all records")],
+        "duration": [(completed_only, "the duration leaves out failed requests: it runs from the first send to the "
+                                      "last finish of all records")],
+    }
+    for value, why in mistakes.get(key, []):
+        if math.isclose(got, value, rel_tol=1e-6):
+            return f" ({why})"
     if key.endswith("_ms") and math.isclose(got * 1e3, expected, rel_tol=1e-6):
         return " (in seconds? expected ms)"
     if "itl" in key:
@@ -111,48 +150,87 @@ def _hint(key: str, got: float, expected: float) -> str:
         return " (TPOT statistics take only requests with more than one output token)"
     if key.startswith("std"):
         return " (numpy's np.std, ddof=0)"
-    if key in ("duration", "request_throughput", "output_throughput", "total_token_throughput"):
-        return " (the duration runs from the first send to the last finish, failed requests included)"
     if key in ("completed", "failed", "total_output_tokens"):
         return " (failed requests count only in `failed`)"
     return ""
 
 
-def check_serving_metrics(student_serving_metrics, runs: int = 5) -> None:
-    rng = random.Random()
+def grade_serving_metrics(student_serving_metrics, runs: int = 5) -> Verdict:
+    qid = "03.lab.serving_metrics"
+    rng = case_rng(qid)
     cases = []
     for _ in range(runs):
         records = random_run(rng)
         failed = sum(not r.success for r in records)
         cases.append(Case(f"a run of {len(records)} requests ({failed} failed, one-token ones included)", (records,)))
-    check_function("03.lab.serving_metrics", student_serving_metrics, lambda records: calculate_metrics(records),
-                   cases, _compare_dicts(LAB_METRIC_KEYS),
-                   f"{len(LAB_METRIC_KEYS)} metrics match vLLM's definitions on {runs} random runs")
+    return grade_function(qid, student_serving_metrics, lambda records: (calculate_metrics(records), records),
+                          cases, _compare_metrics,
+                          f"{len(LAB_METRIC_KEYS)} metrics match vLLM's definitions on {runs} random runs")
 
 
-def check_goodput(student_goodput, runs: int = 8) -> None:
-    rng = random.Random()
+def check_serving_metrics(student_serving_metrics, runs: int = 5) -> None:
+    print(grade_serving_metrics(student_serving_metrics, runs).line)
+
+
+def _on_the_limit_run(rng: random.Random) -> tuple[list[RequestRecord], dict[str, float]]:
+    """A run where some requests' TTFT and TPOT equal the SLO limits exactly: times are binary
+    fractions (1/32 s), so every correct way of computing them in ms gives exactly 500 and 31.25."""
+    records = []
+    for i in range(8):
+        send = i / 8
+        ttft = 0.5 if i % 2 == 0 else rng.choice([0.25, 0.75])
+        gap = 1 / 32 if i % 3 else rng.choice([1 / 64, 1 / 16])
+        times = [send + ttft + gap * step for step in range(rng.randint(2, 9))]
+        records.append(RequestRecord(rng.randint(1, 512), send, chunk_times=times))
+    records.append(random_record(rng, "failed"))
+    return records, {"ttft": 500.0, "tpot": 31.25}
+
+
+def _strict_goodput(records, slo_ms) -> float:
+    """Goodput with `<` in place of `<=`: the mistake of treating a value equal to the limit as a miss."""
+    good = 0
+    for record in records:
+        if record.success:
+            lat = request_latencies_ms(record)
+            observed = {"ttft": lat.ttft_ms, "tpot": lat.tpot_ms or 0.0, "e2el": lat.e2el_ms}
+            good += all(observed[key] < limit for key, limit in slo_ms.items())
+    return good / benchmark_duration_s(records)
+
+
+def _compare_goodput(got, expected) -> str | None:
+    value_expected, records, slo_ms = expected
+    value, problem = as_number(got, "req/s", what="a number of requests per second")
+    if problem:
+        return problem
+    if math.isclose(value, value_expected, rel_tol=1e-6, abs_tol=1e-12):
+        return None
+    shown_got, shown_expected = distinct_pair(value, value_expected)
+    if math.isclose(value, _strict_goodput(records, slo_ms), rel_tol=1e-6, abs_tol=1e-12):
+        why = "a request whose latency equals a limit meets it: compare with <=, not <"
+    else:
+        why = ("a request is good when it meets every SLO; a one-token request counts with TPOT 0; "
+               "divide by the whole duration")
+    return f"got {shown_got} req/s, expected {shown_expected} ({why})"
+
+
+def grade_goodput(student_goodput, runs: int = 8) -> Verdict:
+    qid = "03.lab.goodput"
+    rng = case_rng(qid)
     cases = []
+    records, slo = _on_the_limit_run(rng)
+    cases.append(Case(f"SLO {slo} on {len(records)} requests, some exactly on the limits", (records, slo)))
     slos = [{"ttft": 500, "tpot": 20}, {"tpot": 25}, {"e2el": 1500}, {"ttft": 800, "tpot": 30, "e2el": 2000}]
-    for i in range(runs):
+    for i in range(runs - 1):
         records = random_run(rng)
         slo = slos[i % len(slos)] if i < len(slos) else {k: rng.choice(v) for k, v in
                                                           {"ttft": [300, 700, 1200], "tpot": [20, 30, 50]}.items()}
         cases.append(Case(f"SLO {slo} on {len(records)} requests", (records, slo)))
-    check_function("03.lab.goodput", student_goodput, request_goodput, cases, _goodput_compare(),
-                   f"goodput matches on {runs} random runs and SLO sets")
+    return grade_function(qid, student_goodput, lambda records, slo: (request_goodput(records, slo), records, slo),
+                          cases, _compare_goodput, f"goodput matches on {runs} random runs and SLO sets")
 
 
-def _goodput_compare():
-    def compare(got, expected) -> str | None:
-        if got is None or isinstance(got, bool) or not isinstance(got, (int, float)) and not hasattr(got, "item"):
-            return f"expected a number of requests per second, got {got!r}"
-        if not math.isclose(float(got), expected, rel_tol=1e-6, abs_tol=1e-12):
-            return (f"got {float(got):.4g} req/s, expected {expected:.4g} (a request is good when it meets every SLO; "
-                    f"a one-token request counts with TPOT 0; divide by the whole duration)")
-        return None
-
-    return compare
+def check_goodput(student_goodput, runs: int = 8) -> None:
+    print(grade_goodput(student_goodput, runs).line)
 
 
 # ---------------------------------------------------------------- grid design
@@ -179,7 +257,8 @@ def grade_grid(grid) -> Verdict:
     cells = len(grid.input_lens) * len(grid.output_lens) * len(conc)
     if cells > 24:
         return Verdict(qid, False, f"{cells} cells is more than the 24 the time budget allows")
-    return Verdict(qid, True, f"{cells} cells, {grid.num_prompts} prompts each, concurrency 1..{max(conc)}")
+    # The same line for every grid that passes: several designs do, and nbval compares this line.
+    return Verdict(qid, True, "the grid meets every requirement")
 
 
 def check_grid(grid) -> None:

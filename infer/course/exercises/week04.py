@@ -1,13 +1,17 @@
-"""Lab 04 code checks: the online-softmax merge, the tiled forward pass, the score-matrix memory."""
+"""Lab 04 code checks: the online-softmax merge, the tiled forward pass, the score-matrix memory.
 
-import random
+Cases are random, seeded by the check's id. The tiled check also watches one call op by op
+(`OpWatch`): correct values computed with scaled_dot_product_attention, or through a tensor as
+large as a [block, N] strip of scores, are not tiled attention."""
 
 import torch
 
 from infer.attention import SoftmaxState, block_state, merge_states, random_qkv, reference_attention, relative_error
-from infer.attention_bench import TensorBytes
 from infer.attention_io import score_matrix_bytes
-from infer.course.checks import Case, Verdict, check_function, close_to, grade_function
+from infer.course.checks import Case, OpWatch, Verdict, case_rng, close_to, grade_function, torch_generator
+
+TILED_QID = "04.lab.tiled"
+SDPA_OPS = ("scaled_dot_product",)  # every SDPA backend's aten op has this in its name
 
 
 def _state_problem(got, expected: SoftmaxState) -> str | None:
@@ -25,34 +29,49 @@ def _state_problem(got, expected: SoftmaxState) -> str | None:
     return None
 
 
-def check_merge(student_merge, cases: int = 6) -> None:
+def grade_merge(student_merge, cases: int = 6) -> Verdict:
     """merge(state of block A, state of block B) must equal the state of A and B together."""
-    rng = random.Random()
+    qid = "04.lab.merge"
+    rng = case_rng(qid)
+    generator = torch_generator(rng)
     examples = []
     for index in range(cases):
         rows, keys_a, keys_b, dim = rng.randint(1, 8), rng.randint(1, 12), rng.randint(1, 12), rng.choice([4, 16])
         spread = rng.choice([1.0, 30.0])  # large scores: a merge that forgets to rescale overflows or drifts
-        scores = torch.randn(rows, keys_a + keys_b, dtype=torch.float64) * spread
+        scores = torch.randn(rows, keys_a + keys_b, dtype=torch.float64, generator=generator) * spread
         if index % 2:  # some rows see nothing in block B (masked keys), as on a causal diagonal
             scores[: rows // 2 + 1, keys_a:] = float("-inf")
-        values = torch.randn(keys_a + keys_b, dim, dtype=torch.float64)
+        values = torch.randn(keys_a + keys_b, dim, dtype=torch.float64, generator=generator)
         a = block_state(scores[:, :keys_a], values[:keys_a])
         b = block_state(scores[:, keys_a:], values[keys_a:])
         label = f"{rows} rows, blocks of {keys_a} and {keys_b} keys, scores x{spread:g}" + (
             ", some rows masked in B" if index % 2 else "")
         examples.append(Case(label, (a, b)))
-    check_function("04.lab.merge", student_merge, merge_states, examples, _state_problem,
-                   f"merged states equal the two-block states on {cases} random cases")
+    return grade_function(qid, student_merge, merge_states, examples, _state_problem,
+                          f"merged states equal the two-block states on {cases} random cases")
+
+
+def check_merge(student_merge, cases: int = 6) -> None:
+    print(grade_merge(student_merge, cases).line)
 
 
 def _output_problem(tolerance: float):
     def compare(got, expected) -> str | None:
+        reference, q, k, v, causal = expected
         if not isinstance(got, torch.Tensor):
             return f"expected a tensor, got {type(got).__name__}"
-        if got.shape != expected.shape:
-            return f"expected shape {tuple(expected.shape)}, got {tuple(got.shape)}"
-        error = relative_error(got, expected)
+        if got.shape != reference.shape:
+            return f"expected shape {tuple(reference.shape)}, got {tuple(got.shape)}"
+        if torch.isnan(got).any():
+            return ("the output contains NaN: some query row saw no key at all (all its scores -inf, and "
+                    "exp(-inf - (-inf)) is NaN); a causal mask hides the keys *after* each query (key position > "
+                    "query position), never the query's own position")
+        error = relative_error(got, reference)
         if not error <= tolerance:
+            other = reference_attention(q, k, v, causal=not causal).to(q.dtype)
+            if relative_error(got, other) <= tolerance:
+                return ("your output is " + ("non-causal attention: apply the mask when causal=True" if causal else
+                                             "causal attention: mask only when causal=True"))
             return f"relative error {error:.2e} against the float64 reference (allowed {tolerance:.0e})"
         return None
 
@@ -60,52 +79,67 @@ def _output_problem(tolerance: float):
 
 
 def _reference_for(q, k, v, causal, block_size):
-    return reference_attention(q, k, v, causal=causal).to(q.dtype)
+    return reference_attention(q, k, v, causal=causal).to(q.dtype), q, k, v, causal
 
 
 def grade_tiled(student_tiled, cases: int = 5) -> Verdict:
-    rng = random.Random()
+    rng = case_rng(TILED_QID)
     examples = []
     for index in range(cases):
         block = rng.choice([16, 32, 64])
         seq_len = rng.randint(block + 1, 4 * block) | 1  # odd: never a multiple of the block size
         batch, heads, dim = rng.randint(1, 2), rng.randint(1, 3), rng.choice([16, 32])
         causal = index % 2 == 0
-        q, k, v = random_qkv(batch, heads, seq_len, dim)
+        q, k, v = random_qkv(batch, heads, seq_len, dim, seed=rng.randrange(2**31))
         examples.append(Case(f"q of shape {(batch, heads, seq_len, dim)}, causal={causal}, block_size={block}",
                              (q, k, v, causal, block)))
-    verdict = grade_function("04.lab.tiled", student_tiled, _reference_for, examples, _output_problem(1e-5), "")
+    verdict = grade_function(TILED_QID, student_tiled, _reference_for, examples, _output_problem(1e-5), "")
     if not verdict.ok:
         return verdict
-    return _memory_verdict(student_tiled, cases)
+    return _watched_call_verdict(student_tiled, cases)
 
 
-def _memory_verdict(student_tiled, cases: int) -> Verdict:
-    """A correct answer that builds the whole [N, N] matrix is not tiled: measure what it holds."""
+def _watched_call_verdict(student_tiled, cases: int) -> Verdict:
+    """Correct values are not enough: watch one call at N=1024 for SDPA and for large tensors. A
+    [block, block] tile of scores is 4,096 elements here; a [block, N] strip of scores (all keys at
+    once) is 65,536, the N x N matrix 1,048,576, while q, k, v and the output hold 32,768 each."""
     seq_len, block = 1024, 64
-    q, k, v = random_qkv(1, 1, seq_len, 32)
-    full_matrix = seq_len * seq_len * 4
-    with TensorBytes() as tracker:
-        student_tiled(q, k, v, True, block)
-    if tracker.peak >= full_matrix / 4:
-        return Verdict("04.lab.tiled", False, (
-            f"correct values, but with N={seq_len}, block_size={block} your function held {tracker.peak / 2**20:.1f} MiB "
-            f"at once, against {full_matrix / 2**20:.1f} MiB for the whole N x N score matrix: compute one "
-            f"[block, block] tile of scores at a time"))
-    return Verdict("04.lab.tiled", True, f"matches the float64 reference on {cases} random cases, "
-                                         f"and never holds more than a fraction of the N x N matrix")
+    q, k, v = random_qkv(1, 1, seq_len, 32, seed=0)
+    try:
+        with OpWatch() as watch:
+            student_tiled(q, k, v, True, block)
+    except Exception as exc:
+        return Verdict(TILED_QID, False, f"with N={seq_len}, block_size={block}, causal=True, raised "
+                                         f"{type(exc).__name__}: {exc}")
+    sdpa = watch.first(SDPA_OPS)
+    if sdpa:
+        return Verdict(TILED_QID, False, f"correct values, but your function calls scaled_dot_product_attention "
+                                         f"({sdpa}): the lab asks for the tiling and the online softmax by hand")
+    large = watch.first_larger_than(block * seq_len)
+    if large:
+        op, shape = large
+        return Verdict(TILED_QID, False, (
+            f"correct values, but with N={seq_len}, block_size={block} your function built a tensor of shape "
+            f"{list(shape)} ({op}), as large as a strip of scores against all N keys or more (the N x N matrix is "
+            f"[{seq_len}, {seq_len}]): compute one [block_size, block_size] tile of scores at a time"))
+    return Verdict(TILED_QID, True, f"matches the float64 reference on {cases} random cases, calls no SDPA, and "
+                                    f"never builds a tensor larger than a few tiles")
 
 
 def check_tiled(student_tiled, cases: int = 5) -> None:
     print(grade_tiled(student_tiled, cases).line)
 
 
-def check_score_bytes(student_score_bytes, cases: int = 6) -> None:
-    rng = random.Random()
+def grade_score_bytes(student_score_bytes, cases: int = 6) -> Verdict:
+    qid = "04.lab.score_bytes"
+    rng = case_rng(qid)
     examples = [Case("batch 1, 32 heads, N = 32768, bf16", (1, 32, 32768, 2))]
     for _ in range(cases - 1):
         args = (rng.randint(1, 16), rng.choice([1, 8, 12, 32, 64]), rng.randint(1, 131072), rng.choice([1, 2, 4]))
         examples.append(Case(f"batch {args[0]}, {args[1]} heads, N = {args[2]}, {args[3]} bytes per element", args))
-    check_function("04.lab.score_bytes", student_score_bytes, score_matrix_bytes, examples, close_to(1e-9, unit="bytes"),
-                   f"score-matrix bytes match on {cases} shapes")
+    return grade_function(qid, student_score_bytes, score_matrix_bytes, examples, close_to(1e-9, unit="bytes"),
+                          f"score-matrix bytes match on {cases} shapes")
 
+
+def check_score_bytes(student_score_bytes, cases: int = 6) -> None:
+    print(grade_score_bytes(student_score_bytes, cases).line)
