@@ -22,7 +22,7 @@ import torch
 from infer.benchmark import BASELINE_SIZES, prompts_per_cell, run_sequential_server
 from infer.metrics import calculate_metrics, save_results
 from infer.models import load_model
-from infer.profiles import BenchmarkGrid, pick_profile
+from infer.profiles import BenchmarkGrid, dtype_name, pick_profile
 from infer.provenance import provenance
 from infer.serve.client import run_benchmark, workload_for_model
 from infer.serve.export import export_model
@@ -64,7 +64,7 @@ def run_servers(lm, settings: EngineSettings, progress: bool = True, log_dir: st
         print(f"vLLM skipped: {reason}")
         return runs
     folder = export_model(lm)
-    with running_vllm_server(folder, lm.name, os.path.join(log_dir, "server.log"),
+    with running_vllm_server(folder, lm.name, os.path.join(log_dir, "server.log"), dtype=dtype_name(lm.dtype),
                              max_model_len=settings.max_model_len) as url:
         sweep("vllm-server", url)
     return runs

@@ -60,18 +60,22 @@ def with_merged_chunks(send_time, events, per_chunk: int = 3):
     """A server that sends `per_chunk` tokens per message: every `per_chunk` chunks become one
     (arriving when the last of them did); the usage message still counts every token."""
     merged, pending = [], []
+
+    def flush():
+        if pending:
+            merged.extend([_merge(pending), (pending[-1][0], "")])
+            pending.clear()
+
     for arrival, line in events:
         message = parse_sse_line(line)
         if message and message.get("choices"):
             pending.append((arrival, message))
             if len(pending) == per_chunk:
-                merged.append(_merge(pending))
-                pending = []
-        else:
-            if pending:
-                merged.append(_merge(pending))
-                pending = []
-            merged.append((arrival, line))
+                flush()
+        elif line:  # the usage message or [DONE]: what is pending goes first
+            flush()
+            merged.extend([(arrival, line), (arrival, "")])
+    flush()
     return send_time, merged
 
 
