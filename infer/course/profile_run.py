@@ -20,12 +20,12 @@ import nbformat
 from nbclient.exceptions import CellExecutionError
 
 from infer.course.notebooks import execute
+from infer.metrics import RESULTS_ENV_VAR
 from infer.plotting import FIGURES_ENV_VAR
 from infer.profiles import PROFILE_ENV_VAR, PROFILES
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOK_FOLDERS = ("weeks", "solutions")  # labs/ are generated from solutions/ and ship unfinished
-RESULTS_ENV_VAR = "INFER_RESULTS_DIR"
 # A notebook says that a GPU-only piece did not run with one printed line, e.g. "Skipped: ...".
 SKIP_LINE = re.compile(r"^\s*(Skipped\b.*|.*\bskips?\b.*)$")
 
