@@ -93,6 +93,12 @@ def simulate(cost_model, prompt_lens: Seq[int], output_lens: Seq[int], *, policy
             clock = max(clock, offsets[due[0]])
             continue
         work = scheduler.schedule()
+        if not work:  # a policy that schedules nothing would wait forever, unless a new request can change its mind
+            if not due or len(in_flight) >= limit:
+                raise RuntimeError(f"policy {policy.name!r} scheduled no work with {len(in_flight)} requests "
+                                   f"unfinished and no arrival to come: the run would never end")
+            clock = max(clock, offsets[due[0]])
+            continue
         shape = step_shape(work)
         start, clock = clock, clock + cost_model.step_ms(shape) / 1e3
         steps.append(StepTrace(start, clock, shape, trace_items(work)))

@@ -1,0 +1,176 @@
+"""Week 06's experiments: decode stalls under prefill-first scheduling, mixed steps, token-budget
+sweeps with goodput, and the simulator checked against the engine.
+
+Every experiment runs the real engine (infer.engine) through `replay`, with a `StepRecorder` in
+place of its model runner, so that each run yields both vLLM-style request records and a trace
+of its steps (shape, time, each request's part): the Gantt charts and the simulator's
+calibration data come from the same runs as the metrics. The heavy measurements run once, as
+`python -m infer.chunked_prefill_run`, which writes results/06_*.json; the notebooks read those.
+"""
+
+import math
+import random
+from dataclasses import dataclass
+
+import torch
+
+from infer.engine import Engine, SamplingParams
+from infer.engine.replay import arrival_offsets, replay
+from infer.engine.step_costs import StepRecorder, StepTrace
+from infer.metrics import calculate_metrics
+from infer.timing import benchmark
+from infer.records import RequestRecord
+
+PERCENTILES = (50, 90, 99)
+
+
+@dataclass(frozen=True)
+class Workload:
+    """Requests as exact token counts: prompt ids, output lengths, send times (seconds)."""
+
+    name: str
+    prompts: list[list[int]]
+    output_lens: list[int]
+    offsets: list[float]
+
+    @property
+    def prompt_lens(self) -> list[int]:
+        return [len(p) for p in self.prompts]
+
+
+def random_prompt(rng: random.Random, length: int, vocab_size: int) -> list[int]:
+    return [rng.randrange(vocab_size) for _ in range(length)]
+
+
+def stall_workload(decode_step_s: float, prefill_s: float, vocab_size: int, *, num_decoding: int = 24,
+                   long_prompt_lens: tuple[int, ...] = (1024, 1344, 1664, 1984), seed: int = 0) -> Workload:
+    """`num_decoding` short requests start together and decode 128 tokens each; long prompts
+    arrive one by one while they decode, 30 decode steps apart plus room for the previous
+    prefill, so that each stall is its own event. Times are in units of this machine's
+    `decode_step_s` and `prefill_s` (the longest prompt's prefill), so that the prompts land
+    mid-decode on a fast machine and a slow one alike."""
+    rng = random.Random(seed)
+    short = [random_prompt(rng, rng.randint(32, 64), vocab_size) for _ in range(num_decoding)]
+    long = [random_prompt(rng, n, vocab_size) for n in long_prompt_lens]
+    offsets = [0.0] * num_decoding + [(i + 1) * prefill_s + (10 + 30 * i) * decode_step_s for i in range(len(long))]
+    return Workload("stalls", short + long, [128] * num_decoding + [32] * len(long), offsets)
+
+
+def mixed_workload(name: str, num_requests: int, prompt_range: tuple[int, int], output_range: tuple[int, int],
+                   request_rate: float, vocab_size: int, seed: int) -> Workload:
+    """Random lengths (uniform in the ranges) arriving as a Poisson process at `request_rate`/s."""
+    rng = random.Random(seed)
+    prompts = [random_prompt(rng, rng.randint(*prompt_range), vocab_size) for _ in range(num_requests)]
+    outputs = [rng.randint(*output_range) for _ in range(num_requests)]
+    return Workload(name, prompts, outputs, arrival_offsets(num_requests, request_rate, seed=seed))
+
+
+@dataclass
+class Run:
+    """One workload served by the real engine: its records, its steps and vLLM's metrics."""
+
+    policy: str
+    budget: int
+    workload: Workload
+    records: list[RequestRecord]
+    steps: list[StepTrace]
+
+    def metrics(self, slo_ms: dict[str, float] | None = None) -> dict:
+        return calculate_metrics(self.records, slo_ms=slo_ms, percentiles=PERCENTILES)
+
+
+def serve(model, workload: Workload, policy: str, budget: int, *, max_num_seqs: int = 32,
+          max_model_len: int = 2048, max_concurrency: int | None = None) -> Run:
+    """Replay `workload` on a fresh engine in real time (at most `max_concurrency` requests in
+    flight, a new one sent when one finishes); greedy, EOS ignored."""
+    engine = Engine(model, policy=policy, max_num_seqs=max_num_seqs, max_num_batched_tokens=budget,
+                    max_model_len=max_model_len)
+    engine.runner = recorder = StepRecorder(engine.runner)
+    params = [SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True) for n in workload.output_lens]
+    records = replay(engine, workload.prompts, params, offsets=workload.offsets, max_concurrency=max_concurrency)
+    return Run(policy, budget, workload, records, recorder.steps)
+
+
+def median_step_s(model, batch: int, context: int, vocab_size: int) -> tuple[float, float]:
+    """How long, here, one prefill of `batch` prompts of `context` tokens takes, and one decode
+    step of those `batch` sequences after it: the stall workload's time units."""
+    rng = random.Random(1)
+    prompts = [random_prompt(rng, context, vocab_size) for _ in range(batch)]
+    params = SamplingParams(max_tokens=64, temperature=0.0, ignore_eos=True)
+    prefill, decode = [], []
+    for _ in range(3):
+        engine = Engine(model, policy="chunked", max_num_seqs=batch, max_num_batched_tokens=batch * context,
+                        max_model_len=context + 64)
+        for prompt in prompts:
+            engine.add_request(prompt, params)
+        prefill.append(benchmark(engine.step, warmup=0, repeats=1).median_ms)
+        decode.append(benchmark(engine.step, warmup=1, repeats=3).median_ms)
+    return sorted(prefill)[1] / 1e3, sorted(decode)[1] / 1e3
+
+
+def summarize_run(run: Run, slo_ms: dict[str, float] | None = None) -> dict:
+    """vLLM's keys for a run, plus what it was."""
+    return {"policy": run.policy, "max_num_batched_tokens": run.budget, "workload": run.workload.name,
+            "num_steps": len(run.steps), **run.metrics(slo_ms)}
+
+
+def stall_summary(prefill_first: dict, chunked: dict) -> dict:
+    """The two numbers the stall experiment is judged by."""
+    return {"p99_itl_ratio_prefill_first_over_chunked": prefill_first["p99_itl_ms"] / chunked["p99_itl_ms"],
+            "total_throughput_change_chunked_vs_prefill_first":
+                chunked["total_token_throughput"] / prefill_first["total_token_throughput"] - 1}
+
+
+# ------------------------------------------------------------ mixing prefill and decode in one step
+
+@torch.no_grad()
+def time_step_kinds(model, num_tokens: int, context: int, *, repeats: int = 15) -> dict[str, float]:
+    """Median ms of three forward passes of `num_tokens` rows each: a prefill chunk alone, decodes
+    alone (one row per sequence, each at `context` tokens of cache), and half of each mixed, plus
+    the two half-size steps run apart. Each kind is timed in turn, round after round, so that a
+    busy machine slows all of them alike."""
+    from infer.kv_cache import KVCache
+
+    half = num_tokens // 2
+    cache = KVCache.for_model(model, num_tokens + 1, context + num_tokens + 1)
+    device = model.embed.weight.device
+    prompt = torch.randint(model.arch.vocab_size, (context,), device=device)
+    for slot in range(num_tokens + 1):  # every slot holds `context` tokens of history
+        model(prompt, torch.arange(context), cache, torch.full((context,), slot), logits_rows=torch.tensor([context - 1]))
+
+    def step(num_prefill: int, num_decodes: int):
+        chunk_slot = num_tokens  # the prefill chunk continues slot `num_tokens`' prompt
+        positions = list(range(context, context + num_prefill)) + [context] * num_decodes
+        slots = [chunk_slot] * num_prefill + list(range(num_decodes))
+        token_ids = torch.randint(model.arch.vocab_size, (len(slots),), device=device)
+        rows = ([num_prefill - 1] if num_prefill else []) + list(range(num_prefill, num_prefill + num_decodes))
+        args = (token_ids, torch.tensor(positions), cache, torch.tensor(slots))
+        return lambda: model(*args, logits_rows=torch.tensor(rows, device=device))
+
+    kinds = {"prefill_only": step(num_tokens, 0), "decode_only": step(0, num_tokens), "mixed": step(half, half),
+             "prefill_half": step(half, 0), "decode_half": step(0, half)}
+    samples = {name: [] for name in kinds}
+    for _ in range(repeats):
+        for name, fn in kinds.items():
+            samples[name] += benchmark(fn, warmup=1, repeats=1).samples_ms
+    medians = {name: sorted(values)[len(values) // 2] for name, values in samples.items()}
+    medians["separate_halves"] = medians["prefill_half"] + medians["decode_half"]
+    medians["mixing_gain"] = medians["separate_halves"] / medians["mixed"] - 1
+    return medians
+
+
+# ------------------------------------------------------------ sweeps and goodput
+
+def best_budget(records: list[dict], load_key: str, load, key: str) -> int:
+    """The budget with the highest `key` (e.g. "request_goodput") among the sweep records of one load.
+    Ties go to the smaller budget, which holds less work per step."""
+    rows = [r for r in records if r[load_key] == load]
+    if not rows:
+        raise ValueError(f"no sweep record has {load_key}={load!r}")
+    return max(rows, key=lambda r: (r[key], -r["max_num_batched_tokens"]))["max_num_batched_tokens"]
+
+
+def relative_error(simulated: float, measured: float) -> float:
+    if measured == 0:
+        return math.inf if simulated else 0.0
+    return simulated / measured - 1
