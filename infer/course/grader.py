@@ -316,8 +316,8 @@ def run_cells(notebook, workdir: Path, limits: Limits) -> tuple[str, str]:
                             resources={"metadata": {"path": str(workdir)}})
     env = os.environ | {"INFER_FIGURES_DIR": str(workdir / "figures"),
                         "INFER_RESULTS_DIR": str(workdir / "results")}
-    deadline = time.monotonic() + limits.notebook_s
     with client.setup_kernel(env=env):
+        deadline = time.monotonic() + limits.notebook_s  # from a started kernel: its start is not the student's
         for index, cell in enumerate(notebook.cells):
             where = _describe(cell)
             left = deadline - time.monotonic()
