@@ -13,7 +13,7 @@ import pytest
 
 from infer.serve.client import run_benchmark, workload_for_model
 from infer.serve.export import export_model
-from infer.serve.server import EngineSettings, start_server
+from infer.serve.server import EngineSettings, running_server_process
 from infer.serve.vllm_server import run_vllm_bench, running_vllm_server, vllm_missing_reason
 
 pytestmark = pytest.mark.skipif(vllm_missing_reason() is not None, reason=str(vllm_missing_reason()))
@@ -35,10 +35,12 @@ def monkeypatch_module():
 
 
 @pytest.fixture(scope="module")
-def course_server(tiny):
-    with start_server(tiny, EngineSettings(max_num_seqs=CONCURRENCY, max_model_len=512,
-                                           max_num_batched_tokens=512)) as server:
-        yield server
+def course_server_url(tmp_path_factory):
+    """The course server in a process of its own, as vLLM's runs: no client shares its interpreter."""
+    settings = EngineSettings(max_num_seqs=CONCURRENCY, max_model_len=512, max_num_batched_tokens=512)
+    log = tmp_path_factory.mktemp("course_server") / "server.log"
+    with running_server_process("cpu", settings, log) as url:
+        yield url
 
 
 def vllm_bench(url, model_folder, result_dir, name, **kwargs):
@@ -46,13 +48,13 @@ def vllm_bench(url, model_folder, result_dir, name, **kwargs):
                           output_len=OUTPUT_LEN, max_concurrency=CONCURRENCY, **kwargs)
 
 
-def test_vllm_bench_serve_against_the_course_server_agrees_with_the_course_client(course_server, model_folder,
+def test_vllm_bench_serve_against_the_course_server_agrees_with_the_course_client(course_server_url, model_folder,
                                                                                    tiny, tmp_path):
     workload = workload_for_model(tiny.config, NUM_PROMPTS, INPUT_LEN, OUTPUT_LEN)
     theirs, ours = [], []
     for round_ in range(2):  # interleaved, so that a slow spell of the machine hits both clients
-        theirs.append(vllm_bench(course_server.url, model_folder, tmp_path, f"vllm_client_{round_}"))
-        ours.append(run_benchmark(course_server.url, "tiny", workload, max_concurrency=CONCURRENCY,
+        theirs.append(vllm_bench(course_server_url, model_folder, tmp_path, f"vllm_client_{round_}"))
+        ours.append(run_benchmark(course_server_url, "tiny", workload, max_concurrency=CONCURRENCY,
                                   progress=False)[0])
     for result in theirs:
         assert result["failed"] == 0 and result["completed"] == NUM_PROMPTS
