@@ -8,7 +8,7 @@ BUILD := _build
 # (torch>=2.4) is then already met, and pip does not fetch a multi-GB CUDA build.
 CPU_TORCH := torch==2.13.0
 
-.PHONY: site site-instructor notebooks labs lab test grade clean vllm serve gpu-env-check gpu-check
+.PHONY: site site-instructor notebooks labs lab test grade clean vllm serve bench gpu-env-check gpu-check
 
 $(INSTALLED): pyproject.toml
 	test -d $(VENV) || $(PYTHON) -m venv $(VENV)
@@ -88,6 +88,10 @@ gpu-env-check: $(INSTALLED)
 GPU_CHECK_OUT ?= _build/gpu-check
 gpu-check: $(INSTALLED)
 	$(PY) -m infer.course.gpu_check --out $(GPU_CHECK_OUT)
+
+# Week 05's benchmark: the engine against transformers' batchers, one run, side by side (minutes).
+bench: $(INSTALLED)
+	$(PY) -m infer.engine.bench
 
 # The course engine behind its OpenAI-compatible server, on this machine's profile.
 serve: $(INSTALLED)

@@ -21,7 +21,7 @@ from infer.engine.kv_store import KVStore, SlotKVStore
 from infer.engine.model_runner import ModelRunner
 from infer.engine.sampler import Sampler
 from infer.engine.scheduler import Limits, Policy, Scheduler, make_policy
-from infer.engine.sequence import CompletionResult, RequestOutput, SamplingParams, Sequence, Status
+from infer.engine.sequence import CompletionResult, RequestOutput, SamplingParams, Sequence
 
 
 @dataclass(frozen=True)
@@ -131,6 +131,7 @@ class Engine:
             work = self.scheduler.schedule()
             if not work:
                 return []
+            slots = tuple(w.seq.slot for w in work)  # before update frees the slots of the finished
             tokens = self.runner.run(work)  # ends with the sampled tokens on the host: the device is synchronized
             outputs = self.scheduler.update(work, tokens)
             for out in outputs:
@@ -141,8 +142,7 @@ class Engine:
                 self.step_log.append(StepRecord(
                     self.num_steps, tuple(w.seq.request_id for w in work), sum(w.num_tokens for w in work),
                     sum(w.num_tokens for w in work if w.start < w.seq.num_prompt_tokens),
-                    tuple(w.seq.slot if w.seq.status is Status.RUNNING else -1 for w in work),
-                    start, time.perf_counter()))
+                    slots, start, time.perf_counter()))
             self.num_steps += 1
             return outputs
 

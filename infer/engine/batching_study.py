@@ -1,0 +1,138 @@
+"""The week 05 experiments, sized per profile: static against continuous batching on a mixed
+workload (with each step's slot occupancy), and a concurrency sweep of the continuous engine.
+
+Everything runs the real engine in real time through `infer.engine.replay`, so the metrics are
+week 03's, computed from per-token times."""
+
+import random
+from dataclasses import dataclass
+
+import matplotlib.pyplot as plt
+import numpy as np
+
+from infer.engine.engine import Engine
+from infer.engine.replay import replay
+from infer.engine.sequence import SamplingParams
+from infer.metrics import calculate_metrics
+from infer.prompts import random_prompt_ids
+
+
+@dataclass(frozen=True)
+class StudySizes:
+    mixed_prompts: int  # the static vs continuous comparison
+    mixed_input: tuple[int, int]  # input lengths, uniform in [low, high]
+    mixed_output: tuple[int, int]
+    mixed_slots: int  # max_num_seqs of that comparison (few, so the occupancy chart stays readable)
+    sweep_concurrency: tuple[int, ...]
+    sweep_input_len: int
+    sweep_output_len: int
+    sweep_rounds: int  # requests per level = rounds x concurrency
+
+
+STUDY_SIZES = {
+    "cpu": StudySizes(24, (32, 256), (8, 48), 8, (1, 2, 4, 8, 16, 32, 64), 128, 16, 2),
+    "gpu": StudySizes(64, (32, 2048), (16, 256), 16, (1, 2, 4, 8, 16, 32, 64), 2048, 64, 3),
+    "gpu-dryrun": StudySizes(8, (8, 32), (2, 8), 4, (1, 4, 16), 32, 4, 1),
+}
+
+
+def greedy(n: int) -> SamplingParams:
+    return SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True)
+
+
+@dataclass(frozen=True)
+class PolicyRun:
+    policy: str
+    metrics: dict
+    occupancy: np.ndarray  # [slots, steps]: the request computed in each slot at each step, -1 if none
+    step_kinds: list[str]  # "prefill" or "decode", per step
+
+
+def mixed_workload(config, sizes: StudySizes, seed: int = 0) -> tuple[list[list[int]], list[int]]:
+    rng = random.Random(seed)
+    lens = [(rng.randint(*sizes.mixed_input), rng.randint(*sizes.mixed_output)) for _ in range(sizes.mixed_prompts)]
+    prompts = [random_prompt_ids(config, n, seed=seed * 1000 + i)[0].tolist() for i, (n, _) in enumerate(lens)]
+    return prompts, [out for _, out in lens]
+
+
+def compare_policies(model, prompts: list[list[int]], output_lens: list[int], max_num_seqs: int) -> list[PolicyRun]:
+    """Serve the same requests (all sent at once) with each policy; one warm-up request first."""
+    runs = []
+    longest = max(len(p) + n for p, n in zip(prompts, output_lens))
+    for policy in ("static", "continuous"):
+        engine = Engine(model, policy=policy, max_num_seqs=max_num_seqs,
+                        max_num_batched_tokens=max_num_seqs * max(map(len, prompts)), max_model_len=longest,
+                        log_steps=True)
+        replay(engine, prompts[:1], greedy(2))
+        engine.step_log.clear()
+        records = replay(engine, prompts, [greedy(n) for n in output_lens])
+        ids = {}  # engine request id -> index in prompts (the engine numbered the warm-up first)
+        grid = np.full((max_num_seqs, len(engine.step_log)), -1)
+        for step, log in enumerate(engine.step_log):
+            for request_id, slot in zip(log.request_ids, log.slots):
+                grid[slot, step] = ids.setdefault(request_id, len(ids))
+        kinds = ["prefill" if log.num_prefill_tokens else "decode" for log in engine.step_log]
+        runs.append(PolicyRun(policy, calculate_metrics(records), grid, kinds))
+    return runs
+
+
+def concurrency_sweep(model, config, sizes: StudySizes, progress=None) -> list[dict]:
+    """Continuous engine at each concurrency level (vLLM's --max-concurrency, all requests queued
+    at once), with max_num_seqs at the level so that every admitted request runs."""
+    rows = []
+    for level in sizes.sweep_concurrency:
+        count = sizes.sweep_rounds * level
+        prompts = [random_prompt_ids(config, sizes.sweep_input_len, seed=100 + i)[0].tolist() for i in range(count)]
+        engine = Engine(model, max_num_seqs=level, max_num_batched_tokens=level * sizes.sweep_input_len,
+                        max_model_len=sizes.sweep_input_len + sizes.sweep_output_len)
+        replay(engine, prompts[:1], greedy(2))  # warm-up
+        metrics = calculate_metrics(replay(engine, prompts, greedy(sizes.sweep_output_len), max_concurrency=level))
+        rows.append({"concurrency": level, **metrics,
+                     "littles_law_concurrency": metrics["request_throughput"] * metrics["mean_e2el_ms"] / 1e3})
+        if progress is not None:
+            progress.update(1)
+    return rows
+
+
+def plot_occupancy(runs: list[PolicyRun]):
+    """One panel per policy: slots (rows) x steps (columns), a colour per request, prefill steps marked."""
+    width = max(run.occupancy.shape[1] for run in runs)
+    fig, axes = plt.subplots(len(runs), 1, figsize=(11, 1.2 + 0.35 * runs[0].occupancy.shape[0] * len(runs)), sharex=True)
+    colours = plt.get_cmap("tab20")
+    for ax, run in zip(axes, runs):
+        grid = np.full((run.occupancy.shape[0], width, 3), 1.0)
+        for (slot, step), request in np.ndenumerate(run.occupancy):
+            if request >= 0:
+                grid[slot, step] = colours(request % 20)[:3]
+        ax.imshow(grid, aspect="auto", interpolation="nearest")
+        prefill_steps = [i for i, kind in enumerate(run.step_kinds) if kind == "prefill"]
+        ax.scatter(prefill_steps, [-0.9] * len(prefill_steps), marker="v", s=12, color="k", clip_on=False)
+        busy = (run.occupancy >= 0).mean()
+        ax.set_title(f"{run.policy}: {run.occupancy.shape[1]} steps, slots busy in {busy:.0%} of slot-steps "
+                     f"(white: idle; ▼ prefill step, decodes stalled)", fontsize=9)
+        ax.set_ylabel("KV slot")
+    axes[-1].set_xlabel("engine step")
+    return fig
+
+
+def plot_sweep(rows: list[dict], baseline: list[dict] | None = None):
+    """Output tokens/s and median TPOT against concurrency, the engine beside week 03's baseline."""
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+    levels = [r["concurrency"] for r in rows]
+    left.plot(levels, [r["output_throughput"] for r in rows], "o-", label="course engine (continuous)")
+    right.plot(levels, [r["median_tpot_ms"] for r in rows], "o-", label="course engine (continuous)")
+    if baseline:
+        base_levels = [r["concurrency"] for r in baseline]
+        left.plot(base_levels, [r["output_throughput"] for r in baseline], "s--", color="C7",
+                  label="week 03: sequential generate()")
+        right.plot(base_levels, [r["median_tpot_ms"] for r in baseline], "s--", color="C7",
+                   label="week 03: sequential generate()")
+    for ax in (left, right):
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("concurrency (requests in flight)")
+        ax.legend(fontsize=8)
+    left.set_ylabel("output tokens/s")
+    right.set_ylabel("median TPOT (ms)")
+    left.set_title("throughput rises, then flattens", fontsize=9)
+    right.set_title("each stream slows as the batch grows", fontsize=9)
+    return fig
