@@ -10,6 +10,7 @@ import time
 import pytest
 import torch
 import torch.nn.functional as F
+from transformers import GenerationConfig
 
 from infer import hf
 from infer.attention import SoftmaxState, block_state
@@ -37,8 +38,12 @@ def naive_loop_without_timestamps(model, prompt_ids, max_new_tokens, timestamps=
     return naive_loop(model, prompt_ids, max_new_tokens)
 
 
+@torch.no_grad()
 def generate_instead_of_a_loop(model, prompt_ids, max_new_tokens, timestamps=None):
-    return hf.greedy_generate(model, prompt_ids, max_new_tokens)  # the reference itself: a cached loop
+    """transformers' own generate(): the right tokens, from a cached loop."""
+    config = GenerationConfig(do_sample=False, max_new_tokens=max_new_tokens, eos_token_id=[], pad_token_id=0)
+    out = model.generate(prompt_ids, attention_mask=torch.ones_like(prompt_ids), generation_config=config)
+    return out[:, prompt_ids.shape[1]:]
 
 
 def test_honest_naive_loop_passes(tiny):
@@ -321,3 +326,15 @@ def test_failed_prompt_tokens_are_named_not_the_duration():
     verdict = week03.grade_serving_metrics(_metrics_counting_failed_prompts)
     assert not verdict.ok and "failed requests' prompt tokens are counted" in verdict.line, verdict.line
     assert "duration" not in verdict.line.split("(", 1)[1], verdict.line
+
+
+def test_a_wrapper_around_the_library_function_fails():
+    from infer.prefill_decode import ttft_and_tpot_ms
+
+    verdict = week01.grade_ttft_tpot(lambda send, times: ttft_and_tpot_ms(send, times))
+    assert not verdict.ok and "calls the course library's own infer.prefill_decode.ttft_and_tpot_ms" in verdict.line
+
+
+def test_an_honest_function_that_uses_other_library_helpers_passes():
+    verdict = week04.grade_merge(merge)  # merge() itself runs no library code; block_state in tiled() is allowed
+    assert verdict.ok, verdict.line

@@ -6,8 +6,10 @@ The API that labs (and week 05's engine lab) build on:
   a number with a unit or a choice, graded against `infer/course/answer_keys/<week>.json`.
 - `check_function(qid, fn, reference, cases, compare, success)` / `grade_function(...) -> Verdict`:
   a student's function run against the library's reference on every `Case`; `compare(got,
-  expected)` returns None or what differs. A function (or class) that *is* the library's own,
-  imported rather than written, fails before any case runs (`library_origin`).
+  expected)` returns None or what differs. A function (or class, or subclass) that *is* the
+  library's own, imported rather than written, fails before any case runs (`library_origin`), and
+  so does one that calls a library reference to get its answer (`LibraryCalls`). A lab whose
+  students are meant to subclass a library base class must not hand that class to these checks.
 - `close_to(rel_tol, unit)` and `same_tokens` are ready-made comparisons; `case_rng(qid)` is the
   seeded generator a check draws its cases from; `OpWatch` records the aten ops that code runs
   and the shapes they produce, so a check can refuse a shortcut (torch.cat, SDPA, an N x N tensor).
@@ -24,11 +26,13 @@ can call `reveal`). Keys are rebuilt from the solutions' own answers by
 
 import base64
 import hashlib
+import inspect
 import json
 import math
 import numbers
 import random
 import struct
+import sys
 from dataclasses import dataclass
 from importlib import resources
 from typing import Any, Callable, Iterable
@@ -280,6 +284,34 @@ def library_verdict(qid: str, obj: Any) -> Verdict | None:
                                f"the lab asks you to write it yourself")
 
 
+class LibraryCalls:
+    """Inside `with LibraryCalls(reference) as calls:`, `calls.seen` turns True if `reference`
+    runs, when it is one of the course library's functions: a student function that only wraps
+    the reference (`return ttft_and_tpot_ms(...)`) is the library's, not the student's. Other
+    references are not watched. Uses the interpreter's profile hook, for this thread only."""
+
+    def __init__(self, reference: Callable):
+        # Unwrapped: decorators such as torch.no_grad share one wrapper code object among all they wrap.
+        code = getattr(inspect.unwrap(reference), "__code__", None)
+        self.code = code if library_origin(reference) else None
+        self.seen = False
+
+    def _hook(self, frame, event, arg):
+        if event == "call" and frame.f_code is self.code:
+            self.seen = True
+
+    def __enter__(self):
+        if self.code is not None:
+            self.previous = sys.getprofile()
+            sys.setprofile(self._hook)
+        return self
+
+    def __exit__(self, *exc):
+        if self.code is not None:
+            sys.setprofile(self.previous)
+        return False
+
+
 def grade_function(qid: str, fn: Callable, reference: Callable, cases: Iterable[Case],
                    compare: Callable[[Any, Any], str | None], success: str) -> Verdict:
     """Run `fn` and `reference` on every case; `compare(got, expected)` returns None or what differs."""
@@ -293,11 +325,15 @@ def grade_function(qid: str, fn: Callable, reference: Callable, cases: Iterable[
         count += 1
         kwargs = case.kwargs or {}
         try:
-            got = fn(*case.args, **kwargs)
+            with LibraryCalls(reference) as calls:
+                got = fn(*case.args, **kwargs)
         except NotImplementedError as exc:
             return Verdict(qid, False, f"not implemented yet ({exc})" if str(exc) else "not implemented yet")
         except Exception as exc:  # the student's bug, reported as one line rather than a traceback
             return Verdict(qid, False, f"on {case.description}, raised {type(exc).__name__}: {exc}")
+        if calls.seen:
+            return Verdict(qid, False, f"your function calls the course library's own {library_origin(reference)}, "
+                                       f"which gives the answer: the lab asks you to write it yourself")
         problem = compare(got, reference(*case.args, **kwargs))
         if problem:
             return Verdict(qid, False, f"on {case.description}, {problem}")
