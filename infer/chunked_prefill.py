@@ -161,13 +161,15 @@ def time_step_kinds(model, num_tokens: int, context: int, *, repeats: int = 15) 
 
 # ------------------------------------------------------------ sweeps and goodput
 
-def best_budget(records: list[dict], load_key: str, load, key: str) -> int:
-    """The budget with the highest `key` (e.g. "request_goodput") among the sweep records of one load.
-    Ties go to the smaller budget, which holds less work per step."""
+def best_budget(records: list[dict], load_key: str, load, key: str) -> int | None:
+    """The budget with the highest `key` (e.g. "request_goodput") among the sweep records of one
+    load; ties go to the smaller budget, which holds less work per step. None when every record
+    scores 0 (no budget meets the SLOs): then there is no best budget to mark."""
     rows = [r for r in records if r[load_key] == load]
     if not rows:
         raise ValueError(f"no sweep record has {load_key}={load!r}")
-    return max(rows, key=lambda r: (r[key], -r["max_num_batched_tokens"]))["max_num_batched_tokens"]
+    best = max(rows, key=lambda r: (r[key], -r["max_num_batched_tokens"]))
+    return best["max_num_batched_tokens"] if best[key] > 0 else None
 
 
 def relative_error(simulated: float, measured: float) -> float:

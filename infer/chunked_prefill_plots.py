@@ -68,7 +68,10 @@ def plot_budget_sweep(axes, records: list[dict], load_key: str, load_label: str,
         goodput_ax.plot(budgets, goodput, "o-", color=color, label=f"{load_label} {load:g}")
         best = int(np.argmax(goodput))
         fastest = int(np.argmax([r["output_throughput"] for r in rows]))
-        goodput_ax.plot(budgets[best], goodput[best], "o", ms=14, mfc="none", mec="red", mew=2)
+        if goodput[best] > 0:
+            goodput_ax.plot(budgets[best], goodput[best], "o", ms=14, mfc="none", mec="red", mew=2)
+        else:
+            goodput_ax.text(0.5, 0.5, "no budget meets the SLOs", transform=goodput_ax.transAxes, ha="center")
         goodput_ax.plot(budgets[fastest], goodput[fastest], "x", ms=10, color="black", mew=2)
     for ax, what in ((ttft_ax, "TTFT (ms)"), (tpot_ax, "TPOT (ms)"), (goodput_ax, "goodput (requests/s within SLOs)")):
         ax.set_xscale("log", base=2)
