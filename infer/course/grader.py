@@ -277,7 +277,8 @@ def assemble(key: GradingKey, submission) -> tuple[nbformat.NotebookNode, int]:
             preamble = fresh_import_source(check.trusted_source, key.fresh_imports)
             checked = "\n".join(part for part in (f"# {CHECK_MARK}", preamble, check.trusted_source) if part)
             cells.append(nbformat.v4.new_code_cell(checked, metadata={
-                "grader": {"role": "check", "cell_id": lab_cell.cell_id, "check_id": check.check_id}}))
+                "grader": {"role": "check", "cell_id": lab_cell.cell_id, "check_id": check.check_id,
+                           "expected": check.expected_line}}))
         for added in added_after.get(lab_cell.cell_id, []):
             add(added, "student, added")
     notebook = nbformat.v4.new_notebook(cells=cells, metadata={
