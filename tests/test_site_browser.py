@@ -10,7 +10,7 @@ It saves screenshots of the home page and of one lecture into the build folder.
 It uses the students' site that tests/test_site.py builds (one build per test process). To check
 a site built by `make site`:
 
-    python tests/test_site_browser.py _build/html
+    python -m tests.test_site_browser _build/html
 """
 
 import sys
