@@ -224,6 +224,12 @@ def tolerance_text(tolerance: str | float) -> str:
     return "exact" if tolerance == "exact" else f"within {tolerance:.0%}"
 
 
+def tolerance_statement(tolerance: str | float) -> str:
+    """The sentence that ends a numeric question's text in a lab, stating how its key checks it
+    (tests/test_answer_keys.py holds every lab to it)."""
+    return "*Checked exactly.*" if tolerance == "exact" else f"*Checked to within {tolerance:.0%}.*"
+
+
 def _grade_number(qid: str, answer: Any, key: dict) -> Verdict:
     unit = key.get("unit")
     value, problem = as_number(answer, unit)

@@ -6,6 +6,11 @@ Each `infer/course/answer_keys/NN.json` maps a question id to what the lab state
 (see `infer.course.checks`). Authors edit the stated fields by hand; this module recomputes every
 `secret` by running the answer block of each check question in solutions/NN_*.ipynb.
 
+What the lab states must match the key (tests/test_answer_keys.py checks both): a numeric
+question's text ends with `checks.tolerance_statement(tolerance)` ("*Checked exactly.*" or
+"*Checked to within 1%.*"), and `section` reads `the week NN lecture, section K ("Its title")`,
+a heading of that lecture, so that a wrong answer's message sends the student to it.
+
     python -m infer.course.answer_keys.build            # rewrite the keys
     python -m infer.course.answer_keys.build --check    # exit 1 if a key disagrees with its solution
 """
