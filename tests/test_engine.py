@@ -135,6 +135,7 @@ BAD_REQUESTS = [
     ([], greedy(4), "prompt is empty"),
     ([1, 2, 5000], greedy(4), "token id 5000 is out of vocabulary"),
     ([1, -1], greedy(4), "token id -1 is out of vocabulary"),
+    ([1, 2.5], greedy(4), "token ids must be integers, got 2.5 (float)"),
     ([1] * 100, greedy(100), "maximum context length is 160 tokens. However, you requested 200 tokens (100 in the prompt, 100 for the completion)"),
     ([1, 2], SamplingParams(max_tokens=0), "max_tokens must be at least 1, got 0"),
     ([1, 2], SamplingParams(max_tokens=-3), "max_tokens must be at least 1, got -3"),
@@ -154,6 +155,17 @@ def test_bad_input_is_refused_and_changes_nothing(model, prompt, params, message
     assert list(engine.requests) == ["good"] and len(engine.scheduler.waiting) == 1
     tokens = [t for outs in iter(engine.step, []) for out in outs for t in out.new_token_ids]
     assert tokens == single_request_greedy(model, [4, 5, 6], 3)
+
+
+def test_numpy_and_torch_token_ids_are_accepted(model):
+    import numpy as np
+
+    engine = Engine(model, max_model_len=MAX_MODEL_LEN)
+    engine.add_request(list(np.array([4, 5, 6])), greedy(3), request_id="numpy")
+    engine.add_request(torch.tensor([4, 5, 6]), greedy(3), request_id="torch")
+    assert engine.num_waiting == 2 and engine.requests["numpy"].prompt_token_ids == [4, 5, 6]
+    engine.step()
+    assert engine.num_running == 2 and engine.kv_cache_usage == 2 / 32
 
 
 def test_duplicate_request_id_is_refused(model):

@@ -9,6 +9,7 @@ other threads while one background thread calls `step` (week 07).
 """
 
 import itertools
+import numbers
 import threading
 import time
 from dataclasses import dataclass
@@ -87,7 +88,11 @@ class Engine:
         prompt = list(prompt_token_ids)
         if not prompt:
             raise ValueError("the prompt is empty: a request needs at least one prompt token")
-        bad = [t for t in prompt if not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < self.vocab_size]
+        not_ids = [t for t in prompt if isinstance(t, bool) or not isinstance(t, numbers.Integral)]
+        if not_ids:
+            raise ValueError(f"token ids must be integers, got {not_ids[0]!r} ({type(not_ids[0]).__name__})")
+        prompt = [int(t) for t in prompt]  # numpy and torch integers become plain ints
+        bad = [t for t in prompt if not 0 <= t < self.vocab_size]
         if bad:
             raise ValueError(f"token id {bad[0]!r} is out of vocabulary: ids must be integers in "
                              f"[0, {self.vocab_size}) (vocab_size={self.vocab_size})")
@@ -121,6 +126,19 @@ class Engine:
     def has_unfinished(self) -> bool:
         with self.lock:
             return self.scheduler.has_unfinished()
+
+    # What a server's gauges show (week 07).
+    @property
+    def num_running(self) -> int:
+        return len(self.scheduler.running)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.scheduler.waiting)
+
+    @property
+    def kv_cache_usage(self) -> float:
+        return self.kv_store.usage
 
     # ------------------------------------------------------------ the loop
 
