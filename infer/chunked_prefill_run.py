@@ -39,7 +39,7 @@ CPU_CONCURRENCY = (4, 16)
 CHUNKED_STALL_BUDGET = 128
 # The gpu profile's grid (seed 004): 2,048 input / 64 output tokens, budgets 512 to 16,384.
 GPU_BUDGETS = (512, 1024, 2048, 4096, 8192, 16384)
-GPU_REQUEST_RATES = (50.0, 110.0, 140.0)
+GPU_REQUEST_RATES = (50.0, 110.0, 150.0)
 # Datasheet numbers of the GPU the roofline models (H100 SXM, bf16 dense), and an assumed step overhead.
 GPU_ROOFLINE = dict(device="H100 SXM (datasheet)", peak_flops=989e12, bandwidth=3.35e12, overhead_ms=4.0)
 

@@ -36,7 +36,7 @@ WEEKS = (
          "a scheduler and batched model runner that admit requests between decode steps"),
     Week("06", "chunked_prefill", "Chunked prefill",
          "prefill-first stalls; chunked prefill with a token budget; the TTFT/TPOT trade-off",
-         "a token-budget sweep; per-request timelines; goodput at SLOs"),
+         "write the chunked scheduling decision; pick the goodput-best budget from a sweep"),
     Week("07", "serving", "Serving",
          "an OpenAI-compatible streaming server; vllm serve and vllm bench serve",
          "serve the course engine; benchmark it and vLLM with one client and grid"),
