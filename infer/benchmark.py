@@ -308,14 +308,23 @@ def vllm_commands(profile, model_id: str, result_dir: str = "results/vllm", port
     return serve, benches
 
 
-def vllm_skip_reason() -> str | None:
-    """Why the vLLM benchmark cannot run here, or None when it can."""
+def vllm_executable() -> str | None:
+    """The `vllm` command: the one in .venv-vllm, where `make vllm` installs it apart from the
+    course's environment (it pins an older transformers), else one on the PATH, else None."""
     import shutil
 
+    from infer.provenance import VLLM_VENV
+
+    in_venv = VLLM_VENV / "bin" / "vllm"
+    return str(in_venv) if in_venv.exists() else shutil.which("vllm")
+
+
+def vllm_skip_reason() -> str | None:
+    """Why the vLLM benchmark cannot run here, or None when it can."""
     if not torch.cuda.is_available():
         return "no CUDA GPU (vLLM serves on a GPU)"
-    if shutil.which("vllm") is None:
-        return "the `vllm` command is not installed (conda env create -f environment.yml installs it)"
+    if vllm_executable() is None:
+        return "the `vllm` command is not installed (`make vllm` installs it into .venv-vllm)"
     return None
 
 
@@ -331,7 +340,8 @@ def run_vllm_grid(profile, model_id: str, result_dir: str = "results/vllm", port
     serve, benches = vllm_commands(profile, model_id, result_dir, port)
     Path(result_dir).mkdir(parents=True, exist_ok=True)
     with open(Path(result_dir) / "server.log", "w") as log:
-        server = subprocess.Popen(serve, stdout=log, stderr=subprocess.STDOUT)
+        vllm = vllm_executable()
+        server = subprocess.Popen([vllm, *serve[1:]], stdout=log, stderr=subprocess.STDOUT)
         try:
             deadline = time.monotonic() + startup_timeout_s
             while True:
@@ -346,7 +356,7 @@ def run_vllm_grid(profile, model_id: str, result_dir: str = "results/vllm", port
                     raise TimeoutError(f"vllm serve not ready after {startup_timeout_s:.0f} s; see {log.name}")
                 time.sleep(5)
             for command in benches:
-                subprocess.run(command, check=True)
+                subprocess.run([vllm, *command[1:]], check=True)
         finally:
             server.terminate()
             server.wait(timeout=120)

@@ -72,3 +72,17 @@ def test_course_requirements_come_from_pyproject():
     assert any(r.startswith("transformers") for r in requirements)
     assert any(r.startswith("jupyterlab") for r in requirements), "environment.yml installs the lab extra"
     assert not any(r.startswith("vllm") for r in requirements)
+
+
+def test_week03_finds_vllm_in_its_own_venv(tmp_path, monkeypatch):
+    import infer.provenance
+    from infer.benchmark import vllm_executable
+
+    venv = tmp_path / ".venv-vllm"
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin" / "vllm").write_text("#!/bin/sh\n")
+    monkeypatch.setattr(infer.provenance, "VLLM_VENV", venv)
+    assert vllm_executable() == str(venv / "bin" / "vllm"), "make vllm's venv comes first"
+    monkeypatch.setattr(infer.provenance, "VLLM_VENV", tmp_path / "absent")
+    monkeypatch.setenv("PATH", str(tmp_path))
+    assert vllm_executable() is None
