@@ -17,9 +17,10 @@ import torch
 from infer.engine import Engine, SamplingParams
 from infer.engine.replay import arrival_offsets, replay
 from infer.engine.step_costs import StepRecorder, StepTrace
+from infer.kv_cache import KVCache
 from infer.metrics import calculate_metrics
-from infer.timing import benchmark
 from infer.records import RequestRecord
+from infer.timing import benchmark
 
 PERCENTILES = (50, 90, 99)
 
@@ -129,8 +130,6 @@ def time_step_kinds(model, num_tokens: int, context: int, *, repeats: int = 15) 
     alone (one row per sequence, each at `context` tokens of cache), and half of each mixed, plus
     the two half-size steps run apart. Each kind is timed in turn, round after round, so that a
     busy machine slows all of them alike."""
-    from infer.kv_cache import KVCache
-
     half = num_tokens // 2
     cache = KVCache.for_model(model, num_tokens + 1, context + num_tokens + 1)
     device = model.embed.weight.device

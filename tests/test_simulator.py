@@ -10,20 +10,10 @@ import pytest
 
 from infer.chunked_prefill import mixed_workload, serve
 from infer.engine.simulator import CountingKVStore, simulate
-from infer.engine.step_costs import FEATURES, LinearStepCost, RooflineStepCost, StepShape
+from infer.engine.step_costs import FEATURES, FixedStepCost, LinearStepCost, RooflineStepCost, StepShape
 from infer.metrics import calculate_metrics
 from infer.model import Transformer
 from infer.models import MODEL_SPECS
-
-
-class PerStep:
-    """A cost model with a fixed price per step: the clock then counts steps."""
-
-    def __init__(self, ms: float):
-        self.ms = ms
-
-    def step_ms(self, shape: StepShape) -> float:
-        return self.ms
 
 
 @pytest.fixture(scope="module")
@@ -32,7 +22,7 @@ def model(tiny):
 
 
 def test_clock_counts_prefill_chunks_and_decodes():
-    run = simulate(PerStep(10.0), [5], [3], policy="chunked", max_num_seqs=1, max_num_batched_tokens=2)
+    run = simulate(FixedStepCost(10.0), [5], [3], policy="chunked", max_num_seqs=1, max_num_batched_tokens=2)
     # prompt 5 at 2 a step: 3 steps (the last one samples the first token), then 2 decodes
     assert run.records[0].chunk_times == pytest.approx([0.03, 0.04, 0.05])
     assert [s.shape.prefill_tokens for s in run.steps] == [2, 2, 1, 0, 0]
@@ -40,7 +30,7 @@ def test_clock_counts_prefill_chunks_and_decodes():
 
 
 def test_arrivals_wait_for_their_time_and_the_concurrency_limit():
-    run = simulate(PerStep(1.0), [4, 4, 4], [2, 2, 2], policy="continuous", max_num_seqs=8,
+    run = simulate(FixedStepCost(1.0), [4, 4, 4], [2, 2, 2], policy="continuous", max_num_seqs=8,
                    max_num_batched_tokens=64, offsets=[0.0, 0.5, 0.5], max_concurrency=1)
     sends = [r.send_time for r in run.records]
     assert sends[0] == 0.0 and sends[1] == pytest.approx(0.5) and sends[2] == pytest.approx(0.5 + 0.002)
@@ -50,7 +40,7 @@ def test_arrivals_wait_for_their_time_and_the_concurrency_limit():
 def test_the_simulated_schedule_is_the_engines(model, policy, budget):
     workload = mixed_workload("same", 9, (3, 90), (2, 9), math.inf, model.arch.vocab_size, seed=budget)
     real = serve(model, workload, policy, budget, max_num_seqs=4, max_model_len=128)
-    sim = simulate(PerStep(1.0), workload.prompt_lens, workload.output_lens, policy=policy, max_num_seqs=4,
+    sim = simulate(FixedStepCost(1.0), workload.prompt_lens, workload.output_lens, policy=policy, max_num_seqs=4,
                    max_num_batched_tokens=budget, max_model_len=128)
     assert [s.items for s in sim.steps] == [s.items for s in real.steps]
     assert [s.shape for s in sim.steps] == [s.shape for s in real.steps]
@@ -58,7 +48,7 @@ def test_the_simulated_schedule_is_the_engines(model, policy, budget):
 
 
 def test_step_shape_counts_attention_pairs_of_a_later_chunk():
-    run = simulate(PerStep(1.0), [10], [1], policy="chunked", max_num_seqs=1, max_num_batched_tokens=6)
+    run = simulate(FixedStepCost(1.0), [10], [1], policy="chunked", max_num_seqs=1, max_num_batched_tokens=6)
     first, second = run.steps[0].shape, run.steps[1].shape
     assert first.prefill_attention_pairs == 6 * 7 // 2  # a square causal chunk from position 0
     assert second.prefill_attention_pairs == 4 * 6 + 4 * 5 // 2  # 4 queries after 6 cached keys
@@ -66,7 +56,7 @@ def test_step_shape_counts_attention_pairs_of_a_later_chunk():
 
 
 def test_decode_kv_tokens_sum_each_decodes_context():
-    run = simulate(PerStep(1.0), [3, 5], [3, 3], policy="chunked", max_num_seqs=2, max_num_batched_tokens=64)
+    run = simulate(FixedStepCost(1.0), [3, 5], [3, 3], policy="chunked", max_num_seqs=2, max_num_batched_tokens=64)
     assert run.steps[1].shape.decode_seqs == 2
     assert run.steps[1].shape.decode_kv_tokens == (3 + 1) + (5 + 1)  # each attends to prompt + its new token
 
@@ -110,7 +100,7 @@ def test_roofline_decode_is_bandwidth_bound_and_long_prefill_compute_bound():
 
 
 def test_simulated_records_feed_vllms_metrics():
-    run = simulate(PerStep(5.0), [16] * 4, [8] * 4, policy="chunked", max_num_batched_tokens=32)
+    run = simulate(FixedStepCost(5.0), [16] * 4, [8] * 4, policy="chunked", max_num_batched_tokens=32)
     metrics = calculate_metrics(run.records)
     assert metrics["completed"] == 4 and metrics["total_output_tokens"] == 32
     assert metrics["median_tpot_ms"] == pytest.approx(5.0)
@@ -118,11 +108,11 @@ def test_simulated_records_feed_vllms_metrics():
 
 def test_bad_workloads_are_refused():
     with pytest.raises(ValueError, match="3 prompt lengths and 2 output lengths"):
-        simulate(PerStep(1.0), [1, 2, 3], [1, 1])
+        simulate(FixedStepCost(1.0), [1, 2, 3], [1, 1])
     with pytest.raises(ValueError, match="does not fit"):
-        simulate(PerStep(1.0), [100], [50], max_model_len=128)
+        simulate(FixedStepCost(1.0), [100], [50], max_model_len=128)
     with pytest.raises(ValueError, match="prefills whole prompts"):
-        simulate(PerStep(1.0), [100], [5], policy="continuous", max_num_batched_tokens=64)
+        simulate(FixedStepCost(1.0), [100], [5], policy="continuous", max_num_batched_tokens=64)
 
 
 def test_counting_store_hands_out_and_takes_back_slots():

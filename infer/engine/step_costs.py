@@ -102,6 +102,16 @@ class StepRecorder:
 
 
 @dataclass(frozen=True)
+class FixedStepCost:
+    """Every step costs the same: a clock that counts steps (for comparing schedules, not times)."""
+
+    ms: float = 1.0
+
+    def step_ms(self, shape: StepShape) -> float:
+        return self.ms
+
+
+@dataclass(frozen=True)
 class LinearStepCost:
     """step ms = overhead + sum of (cost per unit x units) over the shape's features."""
 

@@ -12,14 +12,8 @@ import random
 from infer.course.checks import Case, Verdict, as_number, case_rng, grade_function, library_verdict
 from infer.engine.scheduler import Chunked, chunked_token_counts
 from infer.engine.simulator import simulate
-from infer.metrics import meets_slo, RequestLatencies
-
-
-class PerStep:
-    """A clock that counts steps: a trace check compares schedules, not times."""
-
-    def step_ms(self, shape) -> float:
-        return 1.0
+from infer.engine.step_costs import FixedStepCost
+from infer.metrics import RequestLatencies, meets_slo
 
 
 def _state_text(running_needs, running_prefilling, waiting, free_slots, budget) -> str:
@@ -134,9 +128,9 @@ def grade_chunked_traces(decide, traces: int = 6) -> Verdict:
         prompts, outputs, offsets = trace(rng, rng.randint(4, 10))
         seqs, budget = rng.choice([2, 4, 8]), rng.choice([3, 16, 64, 200])
         settings = dict(max_num_seqs=seqs, max_num_batched_tokens=budget, max_model_len=512, offsets=offsets)
-        expected = simulate(PerStep(), prompts, outputs, policy="chunked", **settings).steps
+        expected = simulate(FixedStepCost(), prompts, outputs, policy="chunked", **settings).steps
         try:
-            got = simulate(PerStep(), prompts, outputs, policy=Chunked(decide), **settings).steps
+            got = simulate(FixedStepCost(), prompts, outputs, policy=Chunked(decide), **settings).steps
         except NotImplementedError as exc:
             return Verdict(qid, False, f"not implemented yet ({exc})" if str(exc) else "not implemented yet")
         except Exception as exc:
