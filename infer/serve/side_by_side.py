@@ -163,17 +163,23 @@ def main(argv: list[str] | None = None) -> None:
     lm = load_model(profile=profile, weights="random")
     settings = EngineSettings(max_num_seqs=max(CONCURRENCY))
     started = time.perf_counter()
-    runs = run_servers(lm, settings, progress=not args.no_progress, vllm_url=args.vllm_url)
-    runs += run_sequential(lm, progress=not args.no_progress)
     meta = provenance(lm)
-    summary = summarize(runs)
-    path = save_results(f"07_side_by_side_{profile.name}", runs, meta, summary=summary,
-                        settings={"engine": asdict(settings),
-                                  "vllm": {"dtype": "float32", "VLLM_CPU_KVCACHE_SPACE_GiB": KV_CACHE_GIB},
-                                  "torch_threads": torch.get_num_threads(),
-                                  "wall_s": time.perf_counter() - started})
+
+    def save(runs: list[dict], complete: bool):
+        """Saved after each part, so that an interrupted run keeps what it measured."""
+        return save_results(f"07_side_by_side_{profile.name}", runs, meta, summary=summarize(runs), complete=complete,
+                            settings={"engine": asdict(settings),
+                                      "vllm": {"dtype": dtype_name(lm.dtype), "VLLM_CPU_KVCACHE_SPACE_GiB": KV_CACHE_GIB,
+                                               "started_by_this_run": args.vllm_url is None},
+                                      "torch_threads": torch.get_num_threads(),
+                                      "wall_s": time.perf_counter() - started})
+
+    runs = run_servers(lm, settings, progress=not args.no_progress, vllm_url=args.vllm_url)
+    save(runs, complete=False)
+    runs += run_sequential(lm, progress=not args.no_progress)
+    path = save(runs, complete=True)
     print(format_table(runs))
-    print(summary)
+    print(summarize(runs))
     print(f"saved {path} and {plot_side_by_side(runs, meta)}")
 
 
