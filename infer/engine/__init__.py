@@ -7,6 +7,8 @@
 - sampler.py: greedy, temperature, top-k and top-p, with per-request seeded generators;
 - engine.py: the loop (schedule -> run -> update) and the public API;
 - replay.py: requests arriving on a schedule, in real time, as week 03 RequestRecords;
+- trace.py: the scheduler over a scripted trace without a model (steps and slots only);
+- batching_study.py: week 05's experiments (static vs continuous, the concurrency sweep), sized per profile;
 - bench.py: the engine against `transformers`' batchers (`python -m infer.engine.bench`).
 """
 
