@@ -61,6 +61,13 @@ def test_generate_or_a_cache_in_the_naive_loop_fails(tiny):
     assert not verdict.ok and "recomputes everything at every step" in verdict.line, verdict.line
 
 
+def test_a_wrapper_around_the_library_naive_loop_fails(tiny):
+    from infer.prefill_decode import naive_greedy_generate
+
+    verdict = week01.grade_naive_loop(lambda *args, **kwargs: naive_greedy_generate(*args, **kwargs), tiny.model)
+    assert not verdict.ok and "calls the course library's own infer.prefill_decode.naive_greedy_generate" in verdict.line
+
+
 def test_library_naive_loop_fails(tiny):
     from infer.prefill_decode import naive_greedy_generate
 
@@ -164,6 +171,13 @@ def test_cached_loop_passes(tiny):
 def test_cached_loop_that_recomputes_fails(tiny):
     verdict = week02.grade_cached_loop(recomputing_loop, tiny.model)
     assert not verdict.ok and "one new token per decode step" in verdict.line, verdict.line
+
+
+def test_a_wrapper_around_the_library_cached_loop_fails(tiny):
+    from infer.generate import cached_greedy_generate
+
+    verdict = week02.grade_cached_loop(lambda *args: cached_greedy_generate(*args), tiny.model)
+    assert not verdict.ok and "calls the course library's own infer.generate.cached_greedy_generate" in verdict.line
 
 
 def test_library_cached_loop_fails(tiny):

@@ -10,8 +10,8 @@ import time
 import torch
 
 from infer import hf
-from infer.course.checks import Case, Verdict, case_rng, close_to, grade_function, same_tokens
-from infer.prefill_decode import ttft_and_tpot_ms
+from infer.course.checks import Case, LibraryCalls, Verdict, case_rng, close_to, grade_function, same_tokens
+from infer.prefill_decode import naive_greedy_generate, ttft_and_tpot_ms
 from infer.prompts import random_prompt_ids
 from infer.roofline import matmul_arithmetic_intensity
 
@@ -65,8 +65,11 @@ def grade_naive_loop(naive_greedy_generate, model, prompts: int = 5) -> Verdict:
 
 def _recompute_verdict(fn, case: Case) -> Verdict | None:
     model, prompt, new_tokens = case.args
-    with ForwardLengths(model) as seen:
+    with ForwardLengths(model) as seen, LibraryCalls(naive_greedy_generate) as calls:
         fn(model, prompt, new_tokens)
+    if calls.seen:
+        return Verdict(NAIVE_QID, False, "your function calls the course library's own "
+                                         "infer.prefill_decode.naive_greedy_generate: the lab asks you to write it")
     wanted = [prompt.shape[1] + step for step in range(new_tokens)]
     if seen.lengths == wanted:
         return None

@@ -11,8 +11,8 @@ import random
 import torch
 
 from infer import hf, memory
-from infer.course.checks import (Case, OpWatch, Verdict, as_number, case_rng, close_to, grade_function, library_verdict,
-                                 same_tokens, torch_generator)
+from infer.course.checks import (Case, LibraryCalls, OpWatch, Verdict, as_number, case_rng, close_to, grade_function,
+                                 library_verdict, same_tokens, torch_generator)
 from infer.generate import cached_greedy_generate
 from infer.kv_cache import KVCache
 from infer.model import Arch, Transformer
@@ -184,6 +184,12 @@ def grade_cached_loop(student_generate, hf_model, prompts: int = 5) -> Verdict:
     verdict = grade_function(qid, student_generate, reference, cases, same_tokens, "")
     if not verdict.ok:
         return verdict
+    _, ids, new_tokens, _ = cases[0].args
+    with LibraryCalls(cached_greedy_generate) as calls:  # once more, watched: a wrapper around the library's loop
+        student_generate(TokenCountingModel(model), ids, new_tokens, KVCache.for_model(model, 1, ids.numel() + new_tokens))
+    if calls.seen:
+        return Verdict(qid, False, "your function calls the course library's own infer.generate.cached_greedy_generate: "
+                                   "the lab asks you to write it")
     for case in cases:
         counting, ids, new_tokens, _ = case.args
         wanted = [ids.numel()] + [1] * (new_tokens - 1)
