@@ -10,7 +10,7 @@ calibration data come from the same runs as the metrics. The heavy measurements 
 
 import math
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -85,11 +85,14 @@ def serve(model, workload: Workload, policy: str, budget: int, *, max_num_seqs: 
     """Replay `workload` on a fresh engine in real time (at most `max_concurrency` requests in
     flight, a new one sent when one finishes); greedy, EOS ignored."""
     engine = Engine(model, policy=policy, max_num_seqs=max_num_seqs, max_num_batched_tokens=budget,
-                    max_model_len=max_model_len)
+                    max_model_len=max_model_len, log_steps=True)
     engine.runner = recorder = StepRecorder(engine.runner)
     params = [SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True) for n in workload.output_lens]
     records = replay(engine, workload.prompts, params, offsets=workload.offsets, max_concurrency=max_concurrency)
-    return Run(policy, budget, workload, records, recorder.steps)
+    # each step's time as the engine logged it (scheduling and bookkeeping included, not only the
+    # forward pass): that is what the requests wait for, so it is what the simulator must charge
+    steps = [replace(trace, start=log.start, end=log.end) for trace, log in zip(recorder.steps, engine.step_log, strict=True)]
+    return Run(policy, budget, workload, records, steps)
 
 
 def median_step_s(model, batch: int, context: int, vocab_size: int) -> tuple[float, float]:

@@ -18,6 +18,7 @@ import argparse
 from dataclasses import replace
 
 import matplotlib.pyplot as plt
+import numpy as np
 from tqdm.auto import tqdm
 
 from infer.chunked_prefill import (Workload, best_budget, median_step_s, mixed_workload, relative_error, serve,
@@ -105,9 +106,13 @@ def validate_simulator(fit_runs, held_out, meta: dict, profile: str):
                        max_num_batched_tokens=run.budget, offsets=w.offsets, max_concurrency=concurrency)
         measured, simulated = calculate_metrics(run.records), calculate_metrics(sim.records)
         keys = ("median_ttft_ms", "median_tpot_ms", "output_throughput")
+        # the cost model on this run's own steps: a large error here is the machine's speed having
+        # changed since calibration, not the simulated schedule being wrong
+        step_errors = cost.relative_errors([s.shape for s in run.steps], [s.ms for s in run.steps])
         rows.append({"workload": w.name, "max_num_batched_tokens": run.budget, "max_concurrency": concurrency,
                      "measured": {k: measured[k] for k in keys}, "simulated": {k: simulated[k] for k in keys},
-                     "relative_error": {k: relative_error(simulated[k], measured[k]) for k in keys}})
+                     "relative_error": {k: relative_error(simulated[k], measured[k]) for k in keys},
+                     "median_step_cost_error": float(np.median(step_errors))})
     largest = max(abs(e) for row in rows for e in row["relative_error"].values())
     summary = {"largest_abs_relative_error": largest, "target": 0.10, "within_target": largest <= 0.10,
                "fit_steps": len(steps), "fit_ms_per_unit": cost.ms_per_unit, "features": list(FEATURES)}
