@@ -36,7 +36,7 @@ from infer.plotting import save_figure
 from infer.profiles import pick_profile
 from infer.prompts import random_prompt_ids
 from infer.provenance import provenance
-from infer.timing import Stopwatch, benchmark, cpu_threads, synchronize
+from infer.timing import benchmark, cpu_threads, synchronize
 
 MAX_NUM_SEQS = 32  # the engine's slots, and transformers' static batch size
 TARGETS = {  # issue 10: ratios of output tokens/s within one run (the last: a cost ratio, lower is better)
