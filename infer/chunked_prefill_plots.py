@@ -101,7 +101,7 @@ def plot_simulated_vs_measured(ax: plt.Axes, rows: list[dict]) -> None:
     low, high = min(values) * 0.7, max(values) * 1.4
     line = np.array([low, high])
     ax.plot(line, line, color="0.3", lw=1)
-    ax.fill_between(line, line * 0.9, line * 1.1, color="0.85", label="within 10%")
+    ax.fill_between(line, line * 0.9, line * 1.1, color="0.85", label="within 10%", zorder=0)  # behind the points
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlim(low, high)
