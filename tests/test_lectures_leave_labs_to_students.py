@@ -8,12 +8,13 @@ import pytest
 
 from tests.notebook_files import REPO_ROOT, committed_notebooks
 
-# What labs 01-04 ask students to write, by the name the library gives it.
+# What the labs ask students to write, by the name the library gives it.
 LAB_EXERCISES = {
     "01": ("naive_greedy_generate", "ttft_and_tpot_ms", "matmul_arithmetic_intensity"),
     "02": ("KVCache", "cached_greedy_generate", "kv_token_bytes", "sequences_that_fit"),
     "03": ("request_latencies_ms", "calculate_metrics", "request_goodput"),
     "04": ("merge_states", "block_state", "tiled_attention", "score_matrix_bytes"),
+    "06": ("chunked_token_counts", "best_budget"),
 }
 EXERCISES = [name for names in LAB_EXERCISES.values() for name in names]
 
