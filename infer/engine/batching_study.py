@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import matplotlib.pyplot as plt
 import numpy as np
 
+from infer.benchmark import run_sequential_server
 from infer.engine.engine import Engine
 from infer.engine.replay import replay
 from infer.engine.sequence import SamplingParams
@@ -55,24 +56,32 @@ def mixed_workload(config, sizes: StudySizes, seed: int = 0) -> tuple[list[list[
     return prompts, [out for _, out in lens]
 
 
-def compare_policies(model, prompts: list[list[int]], output_lens: list[int], max_num_seqs: int) -> list[PolicyRun]:
-    """Serve the same requests (all sent at once) with each policy; one warm-up request first."""
-    runs = []
+def compare_policies(model, prompts: list[list[int]], output_lens: list[int], max_num_seqs: int,
+                     repeats: int = 3) -> list[PolicyRun]:
+    """Serve the same requests (all sent at once) with each policy, `repeats` times, the policies
+    interleaved so that a busy moment of a shared machine hits both; one warm-up request first.
+    Each policy keeps the run of its median output throughput (the steps are the same every time)."""
     longest = max(len(p) + n for p, n in zip(prompts, output_lens))
-    for policy in ("static", "continuous"):
-        engine = Engine(model, policy=policy, max_num_seqs=max_num_seqs,
-                        max_num_batched_tokens=max_num_seqs * max(map(len, prompts)), max_model_len=longest,
-                        log_steps=True)
-        replay(engine, prompts[:1], greedy(2))
-        engine.step_log.clear()
-        records = replay(engine, prompts, [greedy(n) for n in output_lens])
+    trials: dict[str, list[tuple[dict, list]]] = {"static": [], "continuous": []}
+    for _ in range(repeats):
+        for policy in trials:
+            engine = Engine(model, policy=policy, max_num_seqs=max_num_seqs,
+                            max_num_batched_tokens=max_num_seqs * max(map(len, prompts)), max_model_len=longest,
+                            log_steps=True)
+            replay(engine, prompts[:1], greedy(2))
+            engine.step_log.clear()
+            records = replay(engine, prompts, [greedy(n) for n in output_lens])
+            trials[policy].append((calculate_metrics(records), engine.step_log))
+    runs = []
+    for policy, results in trials.items():
+        metrics, step_log = sorted(results, key=lambda r: r[0]["output_throughput"])[len(results) // 2]
         ids = {}  # engine request id -> index in prompts (the engine numbered the warm-up first)
-        grid = np.full((max_num_seqs, len(engine.step_log)), -1)
-        for step, log in enumerate(engine.step_log):
+        grid = np.full((max_num_seqs, len(step_log)), -1)
+        for step, log in enumerate(step_log):
             for request_id, slot in zip(log.request_ids, log.slots):
                 grid[slot, step] = ids.setdefault(request_id, len(ids))
-        kinds = ["prefill" if log.num_prefill_tokens else "decode" for log in engine.step_log]
-        runs.append(PolicyRun(policy, calculate_metrics(records), grid, kinds))
+        kinds = ["prefill" if log.num_prefill_tokens else "decode" for log in step_log]
+        runs.append(PolicyRun(policy, metrics, grid, kinds))
     return runs
 
 
@@ -92,6 +101,18 @@ def concurrency_sweep(model, config, sizes: StudySizes, progress=None) -> list[d
         if progress is not None:
             progress.update(1)
     return rows
+
+
+def sequential_baseline(hf_model, config, sizes: StudySizes, levels: tuple[int, ...] = (1, 2, 4),
+                        rounds: int = 2) -> list[dict]:
+    """Week 03's baseline, rerun in the same session: `transformers`' generate() serving one
+    request at a time (infer.benchmark.run_sequential_server) at a few concurrency levels of the
+    sweep's shape. One-at-a-time throughput does not grow with concurrency, so a few levels show it."""
+    prompts = random_prompt_ids(config, sizes.sweep_input_len, batch=rounds * max(levels), seed=7)
+    run_sequential_server(hf_model, prompts[:1], sizes.sweep_output_len, 1)  # warm-up
+    return [{"concurrency": level, **calculate_metrics(run_sequential_server(
+                hf_model, prompts[:rounds * level], sizes.sweep_output_len, level))}
+            for level in levels]
 
 
 def plot_occupancy(runs: list[PolicyRun]):
@@ -124,9 +145,9 @@ def plot_sweep(rows: list[dict], baseline: list[dict] | None = None):
     if baseline:
         base_levels = [r["concurrency"] for r in baseline]
         left.plot(base_levels, [r["output_throughput"] for r in baseline], "s--", color="C7",
-                  label="week 03: sequential generate()")
+                  label="week 03 baseline: sequential generate()")
         right.plot(base_levels, [r["median_tpot_ms"] for r in baseline], "s--", color="C7",
-                   label="week 03: sequential generate()")
+                   label="week 03 baseline: sequential generate()")
     for ax in (left, right):
         ax.set_xscale("log", base=2)
         ax.set_xlabel("concurrency (requests in flight)")

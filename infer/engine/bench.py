@@ -178,7 +178,9 @@ def plot(runs: dict, step_costs: dict, meta: dict):
         ax.bar_label(bars, fmt="%.0f", padding=3, fontsize=8)
         ax.invert_yaxis()
         ax.set_xlabel("output tokens/s (higher is better)")
-        ax.set_title(f'"{workload}" workload, all {len(by_system)} systems in one run', fontsize=9)
+        skipped = [s for s in SYSTEMS if s in by_system and not by_system[s]]
+        ax.set_title(f'"{workload}" workload, {len(names)} systems in one run'
+                     + (f"\n(not run: {', '.join(skipped)}, one max_new_tokens for all)" if skipped else ""), fontsize=9)
     labels = ["engine step()", "own model forward", "transformers forward"]
     values = [step_costs[k] for k in ("engine_step_ms", "model_forward_ms", "hf_forward_ms")]
     axes[2].bar(labels, values, color=["C0", "C2", "C7"])
