@@ -104,3 +104,8 @@ def test_a_ttft_only_pick_fails():
     def pick(records, slo_ms):
         return max(records, key=lambda r: (goodput(r, {"ttft": slo_ms["ttft"]}), -r["max_num_batched_tokens"]))["max_num_batched_tokens"]
     assert not grade_best_budget(pick).ok
+
+
+def test_a_wrapper_around_the_librarys_decision_is_refused():
+    verdict = grade_chunked_decision(lambda *args: chunked_token_counts(*args))
+    assert not verdict.ok and "calls the course library's own" in verdict.reason, verdict.line
