@@ -14,7 +14,9 @@ LAB_EXERCISES = {
     "02": ("KVCache", "cached_greedy_generate", "kv_token_bytes", "sequences_that_fit"),
     "03": ("request_latencies_ms", "calculate_metrics", "request_goodput"),
     "04": ("merge_states", "block_state", "tiled_attention", "score_matrix_bytes"),
+    "05": ("admit_continuous", "flatten"),
     "06": ("chunked_token_counts", "best_budget"),
+    "07": ("stream_timing",),
 }
 EXERCISES = [name for names in LAB_EXERCISES.values() for name in names]
 
