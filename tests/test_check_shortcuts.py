@@ -79,9 +79,10 @@ def test_library_naive_loop_fails(tiny):
 
 
 class PreallocatedCache:
-    def __init__(self, num_layers, max_seqs, max_len, kv_heads, head_dim):
-        self.k = [torch.zeros(max_seqs, kv_heads, max_len, head_dim) for _ in range(num_layers)]
-        self.v = [torch.zeros(max_seqs, kv_heads, max_len, head_dim) for _ in range(num_layers)]
+    def __init__(self, num_layers, max_seqs, max_len, kv_heads, head_dim, dtype=torch.float32, device="cpu"):
+        shape = (max_seqs, kv_heads, max_len, head_dim)
+        self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
         self.max_len = max_len
 
     def write(self, layer, seq_id, start, k, v):
@@ -98,7 +99,7 @@ class PreallocatedCache:
 class CatCache(PreallocatedCache):
     """Right values, grown by torch.cat: every write copies everything stored so far."""
 
-    def __init__(self, num_layers, max_seqs, max_len, kv_heads, head_dim):
+    def __init__(self, num_layers, max_seqs, max_len, kv_heads, head_dim, dtype=torch.float32, device="cpu"):
         self.held = {}
         self.max_len = max_len
 

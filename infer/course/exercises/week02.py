@@ -132,7 +132,9 @@ def _generation_through(cache_class, hf_model, rng: random.Random, qid: str) -> 
     arch: Arch = model.arch
     length, new_tokens = rng.randint(3, 30), rng.randint(3, 10)
     prompt = random_prompt_ids(hf_model.config, length, seed=rng.randrange(2**31))
-    cache = cache_class(arch.num_layers, 1, length + new_tokens, arch.num_kv_heads, arch.head_dim)
+    weight = model.embed.weight  # the model's dtype and device: a bf16 model on a GPU needs a bf16 cache there
+    cache = cache_class(arch.num_layers, 1, length + new_tokens, arch.num_kv_heads, arch.head_dim,
+                        dtype=weight.dtype, device=weight.device)
     try:
         got = cached_greedy_generate(model, prompt, new_tokens, cache)
     except Exception as exc:
