@@ -32,7 +32,7 @@ LOOPBACK = "127.0.0.1"  # never another interface: the server is for this machin
 class EngineSettings:
     """The engine's limits, as vLLM's flags of the same names."""
 
-    policy: str = "continuous"
+    policy: str = "chunked"  # vLLM V1 schedules this way: decodes first, prompts chunked into the rest of the budget
     max_num_seqs: int = 32
     max_num_batched_tokens: int = 2048
     max_model_len: int = 2048
