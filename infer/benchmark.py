@@ -334,32 +334,15 @@ def run_vllm_grid(profile, model_id: str, result_dir: str = "results/vllm", port
     stop the server. Returns the result files. The server's log goes to <result_dir>/server.log:
     keep it, it shows the KV cache size and any preemption."""
     import subprocess
-    import urllib.request
     from pathlib import Path
 
+    from infer.serve.server import server_process
+
     serve, benches = vllm_commands(profile, model_id, result_dir, port)
-    Path(result_dir).mkdir(parents=True, exist_ok=True)
-    with open(Path(result_dir) / "server.log", "w") as log:
-        vllm = vllm_executable()
-        server = subprocess.Popen([vllm, *serve[1:]], stdout=log, stderr=subprocess.STDOUT)
-        try:
-            deadline = time.monotonic() + startup_timeout_s
-            while True:
-                if server.poll() is not None:
-                    raise RuntimeError(f"vllm serve exited with code {server.returncode}; see {log.name}")
-                try:
-                    if urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5).status == 200:
-                        break
-                except OSError:
-                    pass
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"vllm serve not ready after {startup_timeout_s:.0f} s; see {log.name}")
-                time.sleep(5)
-            for command in benches:
-                subprocess.run([vllm, *command[1:]], check=True)
-        finally:
-            server.terminate()
-            server.wait(timeout=120)
+    vllm = vllm_executable()
+    with server_process([vllm, *serve[1:]], port, Path(result_dir) / "server.log", startup_timeout_s):
+        for command in benches:
+            subprocess.run([vllm, *command[1:]], check=True)
     return [str(Path(result_dir) / c[c.index("--result-filename") + 1]) for c in benches]
 
 

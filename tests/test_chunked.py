@@ -5,13 +5,11 @@ prompts last, all within the token budget; a prompt splits across steps; and wha
 import random
 
 import pytest
-import torch
 
-from infer.engine import Engine, SamplingParams
+from infer.engine import Engine
 from infer.engine.scheduler import chunked_token_counts
-from infer.generate import cached_greedy_generate
-from infer.kv_cache import KVCache
 from infer.model import Transformer
+from tests.engine_helpers import greedy, single_request_greedy
 
 MAX_MODEL_LEN = 128
 
@@ -19,15 +17,6 @@ MAX_MODEL_LEN = 128
 @pytest.fixture(scope="module")
 def model(tiny):
     return Transformer.from_hf(tiny.model)
-
-
-def greedy(max_tokens: int) -> SamplingParams:
-    return SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
-
-
-def single_request_greedy(model, prompt: list[int], max_tokens: int) -> list[int]:
-    cache = KVCache.for_model(model, 1, MAX_MODEL_LEN)
-    return cached_greedy_generate(model, torch.tensor(prompt), max_tokens, cache)[0].tolist()
 
 
 # ------------------------------------------------------------ the decision, over plain numbers

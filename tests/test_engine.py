@@ -8,9 +8,8 @@ import pytest
 import torch
 
 from infer.engine import Engine, SamplingParams
-from infer.generate import cached_greedy_generate
-from infer.kv_cache import KVCache
 from infer.model import Transformer
+from tests.engine_helpers import greedy, single_request_greedy
 
 MAX_MODEL_LEN = 160
 
@@ -18,15 +17,6 @@ MAX_MODEL_LEN = 160
 @pytest.fixture(scope="module")
 def model(tiny):
     return Transformer.from_hf(tiny.model)
-
-
-def greedy(max_tokens: int) -> SamplingParams:
-    return SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
-
-
-def single_request_greedy(model, prompt: list[int], max_tokens: int) -> list[int]:
-    cache = KVCache.for_model(model, 1, MAX_MODEL_LEN)
-    return cached_greedy_generate(model, torch.tensor(prompt), max_tokens, cache)[0].tolist()
 
 
 def random_requests(rng: random.Random, count: int) -> list[tuple[list[int], int]]:

@@ -15,6 +15,7 @@ import time
 import urllib.request
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 
 import uvicorn
 
@@ -109,6 +110,27 @@ def wait_for_health(url: str, process: subprocess.Popen, timeout_s: float, log_p
 
 
 @contextmanager
+def server_process(command: list[str], port: int, log_path: str | os.PathLike, startup_timeout_s: float,
+                   env: dict[str, str] | None = None):
+    """Run a server command (ours or vLLM's) with its output in `log_path`, wait until /health
+    answers on `port`, yield its URL; terminate it afterwards (kill it if it does not stop)."""
+    Path(log_path).parent.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "w") as log:
+        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
+        try:
+            url = f"http://{LOOPBACK}:{port}"
+            wait_for_health(url, process, startup_timeout_s, log_path)
+            yield url
+        finally:
+            process.terminate()
+            try:
+                process.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+
+
+@contextmanager
 def running_server_process(profile: str, settings: EngineSettings, log_path: str | os.PathLike, *,
                            port: int | None = None, startup_timeout_s: float = 300.0):
     """`python -m infer.serve` in a process of its own (as vLLM's server runs), so that a client in
@@ -118,12 +140,5 @@ def running_server_process(profile: str, settings: EngineSettings, log_path: str
                "--policy", settings.policy, "--max-num-seqs", str(settings.max_num_seqs),
                "--max-num-batched-tokens", str(settings.max_num_batched_tokens),
                "--max-model-len", str(settings.max_model_len)]
-    with open(log_path, "w") as log:
-        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
-        try:
-            url = f"http://{LOOPBACK}:{port}"
-            wait_for_health(url, process, startup_timeout_s, log_path)
-            yield url
-        finally:
-            process.terminate()
-            process.wait(timeout=60)
+    with server_process(command, port, log_path, startup_timeout_s) as url:
+        yield url

@@ -10,12 +10,11 @@ import json
 import os
 import shlex
 import subprocess
-import time
 from contextlib import contextmanager
 from pathlib import Path
 
 from infer.provenance import REPO_ROOT
-from infer.serve.server import LOOPBACK, free_port, wait_for_health
+from infer.serve.server import LOOPBACK, free_port, server_process
 
 VLLM_VENV = REPO_ROOT / ".venv-vllm"
 BENCH_WRAPPER = Path(__file__).with_name("vllm_bench.py")
@@ -54,20 +53,8 @@ def running_vllm_server(model: str | os.PathLike, served_name: str, log_path: st
         raise RuntimeError(reason)
     port = port or free_port()
     command = server_command(model, served_name, port, **kwargs)
-    Path(log_path).parent.mkdir(parents=True, exist_ok=True)
-    with open(log_path, "w") as log:
-        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=vllm_environment())
-        try:
-            url = f"http://{LOOPBACK}:{port}"
-            wait_for_health(url, process, startup_timeout_s, log_path)
-            yield url
-        finally:
-            process.terminate()
-            try:
-                process.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+    with server_process(command, port, log_path, startup_timeout_s, env=vllm_environment()) as url:
+        yield url
 
 
 def bench_command(base_url: str, model: str, tokenizer: str | os.PathLike, *, num_prompts: int, input_len: int,
