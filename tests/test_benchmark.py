@@ -84,8 +84,10 @@ def test_concurrency_one_sends_after_each_finish():
 
 
 def test_concurrency_queues_requests_and_ttft_includes_the_wait():
-    model = FakeModel()
-    records = run_sequential_server(model, _prompts(6), output_len=3, concurrency=3)
+    # Steps of 20 ms and 5 tokens: a request ahead in line costs 100 ms, far above a token gap plus
+    # the scheduling jitter of a loaded machine.
+    model = FakeModel(step_s=0.02)
+    records = run_sequential_server(model, _prompts(6), output_len=5, concurrency=3)
     assert model.served == list(range(6)), "the server takes requests first come, first served"
     assert len({r.send_time for r in records[:3]}) == 1, "the client sends `concurrency` requests at once"
     ttfts = [request_latencies_ms(r).ttft_ms for r in records[:3]]
