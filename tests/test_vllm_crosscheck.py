@@ -18,7 +18,8 @@ from infer.serve.vllm_server import run_vllm_bench, running_vllm_server, vllm_mi
 
 pytestmark = pytest.mark.skipif(vllm_missing_reason() is not None, reason=str(vllm_missing_reason()))
 
-INPUT_LEN, OUTPUT_LEN, NUM_PROMPTS, CONCURRENCY = 128, 32, 32, 8
+INPUT_LEN, OUTPUT_LEN, NUM_PROMPTS, CONCURRENCY = 128, 32, 64, 8
+ROUNDS = 4  # a run lasts seconds, and in CI another test worker shares the 2 cores: best of several
 AGREEMENT = 0.15
 
 
@@ -52,7 +53,7 @@ def test_vllm_bench_serve_against_the_course_server_agrees_with_the_course_clien
                                                                                    tiny, tmp_path):
     workload = workload_for_model(tiny.config, NUM_PROMPTS, INPUT_LEN, OUTPUT_LEN)
     theirs, ours = [], []
-    for round_ in range(2):  # interleaved, so that a slow spell of the machine hits both clients
+    for round_ in range(ROUNDS):  # interleaved, so that a slow spell of the machine hits both clients
         theirs.append(vllm_bench(course_server_url, model_folder, tmp_path, f"vllm_client_{round_}"))
         ours.append(run_benchmark(course_server_url, "tiny", workload, max_concurrency=CONCURRENCY,
                                   progress=False)[0])
@@ -63,7 +64,7 @@ def test_vllm_bench_serve_against_the_course_server_agrees_with_the_course_clien
         theirs_best = max(r[key] for r in theirs) if "throughput" in key else min(r[key] for r in theirs)
         ours_best = max(r[key] for r in ours) if "throughput" in key else min(r[key] for r in ours)
         assert math.isclose(ours_best, theirs_best, rel_tol=AGREEMENT), (
-            f"{key}: course client {ours_best:.2f}, vLLM's client {theirs_best:.2f} (each the best of 2 runs)")
+            f"{key}: course client {ours_best:.2f}, vLLM's client {theirs_best:.2f} (each the best of {ROUNDS} runs)")
 
 
 def test_the_course_client_against_vllms_server(model_folder, tiny, tmp_path):
