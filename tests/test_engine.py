@@ -72,28 +72,27 @@ def test_one_forward_per_step(model):
     assert engine.runner.num_forwards == engine.num_steps
 
 
-def test_continuous_admits_into_a_free_slot_between_decode_steps(model):
-    engine = Engine(model, policy="continuous", max_num_seqs=2, max_num_batched_tokens=64,
+def batches_of_a_short_a_long_and_a_late_request(model, policy: str) -> list[tuple[str, ...]]:
+    """Two slots; "short" (2 tokens) and "long" (6) arrive first, "late" (2) waits for a slot.
+    Returns each step's batch, as request ids."""
+    engine = Engine(model, policy=policy, max_num_seqs=2, max_num_batched_tokens=64,
                     max_model_len=MAX_MODEL_LEN, log_steps=True)
     engine.add_request([1, 2], greedy(2), request_id="short")
     engine.add_request([3, 4], greedy(6), request_id="long")
     engine.add_request([5, 6], greedy(2), request_id="late")
     while engine.has_unfinished():
         engine.step()
-    batches = [record.request_ids for record in engine.step_log]
+    return [record.request_ids for record in engine.step_log]
+
+
+def test_continuous_admits_into_a_free_slot_between_decode_steps(model):
+    batches = batches_of_a_short_a_long_and_a_late_request(model, "continuous")
     # prefill both; decode both (short ends); prefill late alone (decodes stall); decode long and late
     assert batches[:4] == [("short", "long"), ("short", "long"), ("late",), ("long", "late")]
 
 
 def test_static_waits_for_the_whole_batch(model):
-    engine = Engine(model, policy="static", max_num_seqs=2, max_num_batched_tokens=64,
-                    max_model_len=MAX_MODEL_LEN, log_steps=True)
-    engine.add_request([1, 2], greedy(2), request_id="short")
-    engine.add_request([3, 4], greedy(6), request_id="long")
-    engine.add_request([5, 6], greedy(2), request_id="late")
-    while engine.has_unfinished():
-        engine.step()
-    batches = [record.request_ids for record in engine.step_log]
+    batches = batches_of_a_short_a_long_and_a_late_request(model, "static")
     assert batches[:7] == [("short", "long"), ("short", "long")] + [("long",)] * 4 + [("late",)]
 
 

@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from infer.course.exercises.week05 import KNOWN_MISTAKES, grade_admission, grade_step_forward
+from infer.engine.model_runner import flatten
 from infer.engine.scheduler import admit_continuous
 from infer.model import Transformer
 
@@ -61,3 +62,17 @@ def test_step_forward_checks(tiny):
     assert not looped.ok and "a step is ONE forward" in looped.reason
     every_row = grade_step_forward(lambda m, c, w: flat_step(m, c, w, all_rows=True), model)
     assert not every_row.ok and "pass logits_rows" in every_row.reason
+
+
+def test_a_wrapper_around_the_library_admission_is_refused():
+    verdict = grade_admission(lambda *args: admit_continuous(*args))
+    assert not verdict.ok and "calls the course library's own infer.engine.scheduler.admit_continuous" in verdict.reason
+
+
+def test_a_step_that_borrows_the_library_flatten_is_refused(tiny):
+    def borrowed_step(model, cache, work):
+        batch = flatten(work, "cpu")
+        return model(batch.token_ids, batch.positions, cache, batch.seq_ids, logits_rows=batch.logits_rows).argmax(-1)
+
+    verdict = grade_step_forward(borrowed_step, Transformer.from_hf(tiny.model))
+    assert not verdict.ok and "infer.engine.model_runner.flatten" in verdict.reason

@@ -290,6 +290,12 @@ def library_verdict(qid: str, obj: Any) -> Verdict | None:
                                f"the lab asks you to write it yourself")
 
 
+def library_call_verdict(qid: str, reference: Callable) -> Verdict:
+    """The failing verdict for a student function that called `reference` (seen by LibraryCalls)."""
+    return Verdict(qid, False, f"your function calls the course library's own {library_origin(reference)}, "
+                               f"which gives the answer: the lab asks you to write it yourself")
+
+
 class LibraryCalls:
     """Inside `with LibraryCalls(reference) as calls:`, `calls.seen` turns True if `reference`
     runs, when it is one of the course library's functions: a student function that only wraps
@@ -338,8 +344,7 @@ def grade_function(qid: str, fn: Callable, reference: Callable, cases: Iterable[
         except Exception as exc:  # the student's bug, reported as one line rather than a traceback
             return Verdict(qid, False, f"on {case.description}, raised {type(exc).__name__}: {exc}")
         if calls.seen:
-            return Verdict(qid, False, f"your function calls the course library's own {library_origin(reference)}, "
-                                       f"which gives the answer: the lab asks you to write it yourself")
+            return library_call_verdict(qid, reference)
         problem = compare(got, reference(*case.args, **kwargs))
         if problem:
             return Verdict(qid, False, f"on {case.description}, {problem}")

@@ -23,6 +23,8 @@ from typing import Callable
 
 import nbformat
 
+from infer.course.generated import write_or_report_stale
+
 BEGIN, END, HINT = "# BEGIN SOLUTION", "# END SOLUTION", "# HINT:"
 CHECK_MARK = "NBVAL_CHECK_OUTPUT"
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -97,6 +99,7 @@ def make_lab(solution: nbformat.NotebookNode, name: str = "notebook") -> nbforma
             continue
         cell.source = stub_source(cell.source, where=f"{name} code cell {index}")
         cell.outputs, cell.execution_count = [], None
+        cell.metadata.pop("execution", None)  # the solution run's timestamps: noise in a lab's diff
     lab.metadata.pop("widgets", None)
     return lab
 
@@ -110,22 +113,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--check", action="store_true", help="only report stale labs; exit 1 if any")
     parser.add_argument("--root", type=Path, default=REPO_ROOT)
     args = parser.parse_args(argv)
-    stale = []
-    for solution_path in sorted((args.root / "solutions").glob("*.ipynb")):
-        lab = make_lab(nbformat.read(solution_path, as_version=4), solution_path.name)
-        lab_path = lab_path_for(solution_path)
-        expected = nbformat.writes(lab) + "\n"
-        if lab_path.exists() and lab_path.read_text() == expected:
-            continue
-        if args.check:
-            stale.append(lab_path)
-        else:
-            lab_path.parent.mkdir(exist_ok=True)
-            lab_path.write_text(expected)
-            print(f"wrote {lab_path}")
-    for path in stale:
-        print(f"stale: {path} (run `make labs`)")
-    return 1 if stale else 0
+    solutions = sorted((args.root / "solutions").glob("*.ipynb"))
+    return write_or_report_stale(
+        ((lab_path_for(path), nbformat.writes(make_lab(nbformat.read(path, as_version=4), path.name)) + "\n")
+         for path in solutions), args.check, "make labs")
 
 
 if __name__ == "__main__":

@@ -26,6 +26,7 @@ import nbformat
 import numpy as np
 
 from infer.course.checks import sealed_key
+from infer.course.generated import write_or_report_stale
 from infer.course.labgen import BEGIN, END, REPO_ROOT
 
 KEYS_DIR = Path(__file__).resolve().parent
@@ -81,19 +82,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Rebuild infer/course/answer_keys/*.json from solutions/.")
     parser.add_argument("--check", action="store_true", help="only report stale keys; exit 1 if any")
     args = parser.parse_args(argv)
-    stale = []
-    for key_path in sorted(KEYS_DIR.glob("*.json")):
-        text = key_text(rebuilt_keys(key_path.stem))
-        if key_path.read_text() == text:
-            continue
-        if args.check:
-            stale.append(key_path)
-        else:
-            key_path.write_text(text)
-            print(f"wrote {key_path}")
-    for path in stale:
-        print(f"stale: {path} (run `python -m infer.course.answer_keys.build`)")
-    return 1 if stale else 0
+    return write_or_report_stale(((path, key_text(rebuilt_keys(path.stem))) for path in sorted(KEYS_DIR.glob("*.json"))),
+                                 args.check, "python -m infer.course.answer_keys.build")
 
 
 if __name__ == "__main__":

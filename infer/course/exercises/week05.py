@@ -15,9 +15,10 @@
 
 import random
 
-from infer.course.checks import Verdict, case_rng, library_verdict, same_tokens
+from infer.course.checks import LibraryCalls, Verdict, case_rng, library_call_verdict, library_verdict, same_tokens
 from infer.engine import Engine, SamplingParams
-from infer.engine.scheduler import PrefillFirst, admit_continuous, admit_static
+from infer.engine.scheduler import PrefillFirst, admit_continuous
+from infer.engine.model_runner import flatten
 from infer.engine.trace import TraceRequest, run_trace
 
 ADMISSION_QID = "05.lab.admission"
@@ -31,8 +32,23 @@ def _admit_ignoring_budget(lens, num_running, max_num_seqs, budget):
     return min(len(lens), max(max_num_seqs - num_running, 0))
 
 
+# The mistakes are written out as a student would write them: none calls the library's answer.
+def _admit_fitting_prefix(lens, free_slots, budget):
+    taken = 0
+    for length in lens[:max(free_slots, 0)]:
+        if length > budget:
+            break
+        budget -= length
+        taken += 1
+    return taken
+
+
+def _admit_only_into_an_empty_engine(lens, num_running, max_num_seqs, budget):
+    return 0 if num_running else _admit_fitting_prefix(lens, max_num_seqs, budget)
+
+
 def _admit_ignoring_slots(lens, num_running, max_num_seqs, budget):
-    return admit_continuous(lens, 0, len(lens), budget)
+    return _admit_fitting_prefix(lens, len(lens), budget)
 
 
 def _admit_skipping_ahead(lens, num_running, max_num_seqs, budget):
@@ -47,11 +63,11 @@ def _admit_skipping_ahead(lens, num_running, max_num_seqs, budget):
 
 
 def _admit_one_at_a_time(lens, num_running, max_num_seqs, budget):
-    return min(1, admit_continuous(lens, num_running, max_num_seqs, budget))
+    return min(1, _admit_fitting_prefix(lens, max_num_seqs - num_running, budget))
 
 
 KNOWN_MISTAKES = (
-    (admit_static, "it admits only into an empty engine: that is static batching, not continuous"),
+    (_admit_only_into_an_empty_engine, "it admits only into an empty engine: that is static batching, not continuous"),
     (_admit_ignoring_budget, "it ignores max_num_batched_tokens: the admitted prompts must fit into one step's token budget"),
     (_admit_ignoring_slots, "it ignores the free slots: at most max_num_seqs - num_running requests can join"),
     (_admit_skipping_ahead, "a prompt that fits was admitted past one that does not: first come, first served "
@@ -102,7 +118,8 @@ def grade_admission(student_admit) -> Verdict:
     for description, trace, slots, budget in cases:
         expected = _batches(admit_continuous, trace, slots, budget)
         try:
-            got = _batches(student_admit, trace, slots, budget)
+            with LibraryCalls(admit_continuous) as calls:
+                got = _batches(student_admit, trace, slots, budget)
         except NotImplementedError as exc:
             return Verdict(qid, False, f"not implemented yet ({exc})" if str(exc) else "not implemented yet")
         except Exception as exc:  # noqa: BLE001 - the student's bug, as one line
@@ -110,6 +127,8 @@ def grade_admission(student_admit) -> Verdict:
                            if _safe_batches(wrong, trace, slots, budget) is None), None)
             return Verdict(qid, False, f"on {description}, the engine failed: {type(exc).__name__}: {exc}"
                                        + (f" ({reason})" if reason else ""))
+        if calls.seen:
+            return library_call_verdict(qid, admit_continuous)
         if got != expected:
             step = next(i for i, (g, e) in enumerate(zip(got + [None] * len(expected), expected + [None] * len(got)))
                         if g != e)
@@ -183,11 +202,14 @@ def grade_step_forward(student_step, model, requests: int = 8) -> Verdict:
         counting.calls.clear()
         forwards += 1
         try:
-            tokens = student_step(counting, engine.kv_store.cache, work)
+            with LibraryCalls(flatten) as calls:
+                tokens = student_step(counting, engine.kv_store.cache, work)
         except NotImplementedError as exc:
             return Verdict(qid, False, f"not implemented yet ({exc})" if str(exc) else "not implemented yet")
         except Exception as exc:  # noqa: BLE001
             return Verdict(qid, False, f"in step {step - 1} ({len(work)} sequences), raised {type(exc).__name__}: {exc}")
+        if calls.seen:
+            return library_call_verdict(qid, flatten)
         sampling = sum(item.samples for item in work)
         if len(counting.calls) != 1:
             return Verdict(qid, False, f"step {step - 1} with {len(work)} sequences called the model "
