@@ -91,7 +91,7 @@ gpu-check: $(INSTALLED)
 
 # Week 05's benchmark: the engine against transformers' batchers, one run, side by side (minutes).
 bench: $(INSTALLED)
-	$(PY) -m infer.engine.bench
+	$(PY) -m infer.experiments.engine_bench
 
 # The course engine behind its OpenAI-compatible server, on this machine's profile.
 serve: $(INSTALLED)

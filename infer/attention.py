@@ -27,6 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from infer.availability import YES, Availability
 from infer.profiles import dtype_name
 
 # ---------------------------------------------------------------- reference and naive
@@ -176,17 +177,7 @@ def flash_attn_package(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal
 # ---------------------------------------------------------------- the registry
 
 
-@dataclass(frozen=True)
-class Availability:
-    ok: bool
-    reason: str = ""
-
-    def __bool__(self) -> bool:
-        return self.ok
-
-
 AvailableFn = Callable[[str, torch.dtype, int], Availability]
-YES = Availability(True)
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ import os
 
 import torch
 
-from infer.attention import YES, Availability
+from infer.availability import YES, Availability
 
 try:
     import triton

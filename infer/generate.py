@@ -1,7 +1,7 @@
-"""Greedy generation with a KV cache: prefill once, then one token per step.
+"""Greedy generation, twice: without a cache (week 01) and with one (week 02).
 
-The week 01 loop (`infer.prefill_decode.naive_greedy_generate`) runs the model over the whole
-sequence at every step. This one runs it over the prompt once (the prefill, which fills the
+`naive_greedy_generate` runs the model over the whole sequence at every step and keeps only the
+last position's prediction: correct, and quadratic. `cached_greedy_generate` runs it over the prompt once (the prefill, which fills the
 cache), and from then on over the single newest token, whose keys and values join the cache
 while it attends to everything stored there. Same tokens, far less work: the naive loop's cost
 grows with the square of the length, this one's linearly.
@@ -11,7 +11,26 @@ import time
 
 import torch
 
+from infer import hf
 from infer.timing import synchronize
+
+
+@torch.no_grad()
+def naive_greedy_generate(model, prompt_ids: torch.Tensor, max_new_tokens: int,
+                          timestamps: list[float] | None = None) -> torch.Tensor:
+    """Greedy decoding without a cache. Returns the new tokens, shape [batch, max_new_tokens].
+
+    If `timestamps` is a list, the wall-clock time (time.perf_counter, seconds) at which each new
+    token became available is appended to it: the raw material of TTFT and TPOT."""
+    sequence = prompt_ids
+    for _ in range(max_new_tokens):
+        logits = hf.forward(model, sequence)  # the whole sequence, every step
+        next_token = logits[:, -1, :].argmax(dim=-1, keepdim=True)
+        sequence = torch.cat([sequence, next_token], dim=1)
+        if timestamps is not None:
+            synchronize(next_token.device)
+            timestamps.append(time.perf_counter())
+    return sequence[:, prompt_ids.shape[1]:]
 
 
 @torch.no_grad()

@@ -173,7 +173,7 @@ def results_dir() -> Path:
     """Where results JSON goes: $INFER_RESULTS_DIR, else beside redirected figures ($INFER_FIGURES_DIR,
     set by the tests and `make site`, so that their runs never overwrite committed results), else results/."""
     from infer.plotting import FIGURES_ENV_VAR
-    from infer.provenance import REPO_ROOT
+    from infer.paths import REPO_ROOT
 
     folder = os.environ.get(RESULTS_ENV_VAR) or os.environ.get(FIGURES_ENV_VAR) or REPO_ROOT / "results"
     folder = Path(folder)

@@ -8,7 +8,8 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 import numpy as np
 
-from infer.provenance import REPO_ROOT, provenance_line
+from infer.paths import REPO_ROOT
+from infer.provenance import provenance_line
 from infer.timing import Timing
 
 FIGURES_ENV_VAR = "INFER_FIGURES_DIR"

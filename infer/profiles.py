@@ -30,6 +30,10 @@ class BenchmarkGrid:
     concurrency: tuple[int, ...]
     num_prompts: int
 
+    def cells(self) -> list[tuple[int, int, int]]:
+        """Every (input_len, output_len, concurrency) of the grid, in the order they run."""
+        return [(i, o, c) for i in self.input_lens for o in self.output_lens for c in self.concurrency]
+
 
 @dataclass(frozen=True)
 class SLO:

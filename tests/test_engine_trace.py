@@ -1,6 +1,6 @@
 """The model-free trace runner counts what the lecture and lab count by hand."""
 
-from infer.engine.bench import make_workload
+from infer.experiments.engine_bench import make_workload
 from infer.engine.trace import TraceRequest, run_trace
 
 

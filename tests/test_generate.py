@@ -5,7 +5,8 @@ import pytest
 import torch
 
 
-from infer import cache_speed, hf
+from infer import hf
+from infer.experiments import cache_speed
 from infer.generate import cached_greedy_generate
 from infer.kv_cache import ConcatKVCache, KVCache
 from infer.model import Transformer

@@ -75,14 +75,14 @@ def test_course_requirements_come_from_pyproject():
 
 
 def test_week03_finds_vllm_in_its_own_venv(tmp_path, monkeypatch):
-    import infer.provenance
-    from infer.benchmark import vllm_executable
+    from infer.serve import vllm_server
+    from infer.serve.vllm_server import vllm_executable
 
     venv = tmp_path / ".venv-vllm"
     (venv / "bin").mkdir(parents=True)
     (venv / "bin" / "vllm").write_text("#!/bin/sh\n")
-    monkeypatch.setattr(infer.provenance, "VLLM_VENV", venv)
+    monkeypatch.setattr(vllm_server, "VLLM_VENV", venv)
     assert vllm_executable() == str(venv / "bin" / "vllm"), "make vllm's venv comes first"
-    monkeypatch.setattr(infer.provenance, "VLLM_VENV", tmp_path / "absent")
+    monkeypatch.setattr(vllm_server, "VLLM_VENV", tmp_path / "absent")
     monkeypatch.setenv("PATH", str(tmp_path))
     assert vllm_executable() is None

@@ -10,7 +10,7 @@ import torch
 
 from infer import memory
 from infer.attention import IMPLEMENTATIONS, check_exactness
-from infer.attention_bench import SweepConfig, peak_bytes, predicted_naive_bytes
+from infer.experiments.attention_bench import SweepConfig, peak_bytes, predicted_naive_bytes
 from infer.kv_cache import KVCache
 from infer.model import Transformer
 from infer.models import load_model

@@ -10,7 +10,8 @@ import torch
 
 
 from infer import hf
-from infer import prefill_decode as pd
+from infer.experiments import prefill_decode as pd
+from infer.generate import naive_greedy_generate
 from infer.profiles import PROFILES
 from infer.prompts import random_prompt_ids
 from infer.timing import Timing
@@ -22,7 +23,7 @@ from infer.timing import Timing
 @pytest.mark.parametrize("seed, length", [(0, 1), (1, 5), (2, 13), (3, 31), (4, 64)])
 def test_naive_greedy_generate_matches_transformers_generate(tiny, seed, length):
     prompt = random_prompt_ids(tiny.config, length, seed=seed)
-    got = pd.naive_greedy_generate(tiny.model, prompt, 10)
+    got = naive_greedy_generate(tiny.model, prompt, 10)
     expected = hf.greedy_generate(tiny.model, prompt, 10)
     assert got.shape == (1, 10), f"naive_greedy_generate must return only the 10 new tokens as [1, 10], got {tuple(got.shape)}"
     assert torch.equal(got, expected), (
@@ -34,7 +35,7 @@ def test_naive_greedy_generate_matches_transformers_generate(tiny, seed, length)
 def test_naive_greedy_generate_records_one_increasing_timestamp_per_token(tiny):
     prompt = random_prompt_ids(tiny.config, 8)
     stamps: list[float] = []
-    pd.naive_greedy_generate(tiny.model, prompt, 5, timestamps=stamps)
+    naive_greedy_generate(tiny.model, prompt, 5, timestamps=stamps)
     assert len(stamps) == 5, f"expected one timestamp per new token (5), got {len(stamps)}"
     assert stamps == sorted(stamps), "token timestamps must be non-decreasing"
 
@@ -44,7 +45,7 @@ def test_compare_with_generate_agrees_for_the_naive_loop_and_names_an_off_by_one
     assert line.startswith("token-identical") and "3 random prompts" in line, f"the naive loop must agree: {line}"
 
     def shifted(model, prompt_ids, max_new_tokens):  # drops the first new token: a classic slicing bug
-        return pd.naive_greedy_generate(model, prompt_ids, max_new_tokens + 1)[:, 1:]
+        return naive_greedy_generate(model, prompt_ids, max_new_tokens + 1)[:, 1:]
 
     bad = pd.compare_with_generate(tiny.model, tiny.config, shifted)
     assert bad.startswith("differs") and "first at new token 0" in bad, f"an off-by-one loop must be named: {bad}"

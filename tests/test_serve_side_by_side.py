@@ -1,10 +1,10 @@
-"""infer.serve.side_by_side without servers: the summary's ratios, the table and the figure from
+"""infer.experiments.side_by_side without servers: the summary's ratios, the table and the figure from
 given runs; and the commands it would run for vLLM."""
 
 import pytest
 
 from infer.provenance import provenance
-from infer.serve.side_by_side import CONCURRENCY, format_table, plot_side_by_side, summarize
+from infer.experiments.side_by_side import CONCURRENCY, format_table, plot_side_by_side, summarize
 from infer.serve.vllm_server import bench_command, gpu_commands, server_command
 
 

@@ -8,7 +8,7 @@ import random
 import numpy as np
 import pytest
 
-from infer.chunked_prefill import mixed_workload, serve
+from infer.experiments.chunked_prefill import mixed_workload, serve
 from infer.engine.simulator import CountingKVStore, simulate
 from infer.engine.step_costs import FEATURES, FixedStepCost, LinearStepCost, RooflineStepCost, StepShape
 from infer.metrics import calculate_metrics

@@ -16,7 +16,7 @@ import nbformat
 import pytest
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook, new_output
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+from infer.paths import REPO_ROOT
 
 # A small set: week 00's lecture and week 01's lecture, lab and solution.
 NOTEBOOKS = ("weeks/00_setup.ipynb", "weeks/01_prefill_decode.ipynb",

@@ -25,8 +25,8 @@ import sys
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
+from infer.paths import REPO_ROOT
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
 COURSE_EXTRAS = ("test", "site", "lab")  # what environment.yml installs with the project
 CUDA_RUNTIME = re.compile(r"^nvidia-cuda-runtime(-cu\d+)?$")  # the wheel that makes a torch a CUDA torch
 

@@ -61,8 +61,8 @@ from nbclient.exceptions import CellTimeoutError, DeadKernelError
 from tqdm import tqdm
 
 from infer.course.labgen import CHECK_MARK, END
+from infer.paths import REPO_ROOT
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
 
 GRADEBOOK_CSV, GRADEBOOK_JSON, GRADED_DIR = "gradebook.csv", "gradebook.json", "graded"
 CELL_TIMEOUT_S, NOTEBOOK_TIMEOUT_S = 300, 1200

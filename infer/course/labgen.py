@@ -24,10 +24,10 @@ from typing import Callable
 import nbformat
 
 from infer.course.generated import write_or_report_stale
+from infer.paths import REPO_ROOT
 
 BEGIN, END, HINT = "# BEGIN SOLUTION", "# END SOLUTION", "# HINT:"
 CHECK_MARK = "NBVAL_CHECK_OUTPUT"
-REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 class SolutionMarkupError(ValueError):

@@ -23,8 +23,8 @@ from infer.course.notebooks import execute
 from infer.metrics import RESULTS_ENV_VAR
 from infer.plotting import FIGURES_ENV_VAR
 from infer.profiles import PROFILE_ENV_VAR, PROFILES
+from infer.paths import REPO_ROOT
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOK_FOLDERS = ("weeks", "solutions")  # labs/ are generated from solutions/ and ship unfinished
 # A notebook says that a GPU-only piece did not run with one printed line: "Skipped: ...",
 # "skipped flash-attn: ...", "... Triton kernel skips (it needs a CUDA GPU)".

@@ -11,7 +11,7 @@ import torch
 from infer import hf
 from infer.course.checks import Verdict
 from infer.models import load_model
-from infer.prefill_decode import naive_greedy_generate
+from infer.generate import naive_greedy_generate
 from infer.profiles import pick_profile
 from infer.provenance import vllm_version
 from infer.prompts import random_prompt_ids

@@ -8,7 +8,7 @@ control is created, so an executed notebook stores its initial state for the sta
 import ipywidgets
 import matplotlib.pyplot as plt
 
-from infer.prefill_decode import PhaseTiming
+from infer.experiments.prefill_decode import PhaseTiming
 from infer.provenance import provenance_line
 
 

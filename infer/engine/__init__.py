@@ -9,7 +9,7 @@
 - replay.py: requests arriving on a schedule, in real time, as week 03 RequestRecords;
 - trace.py: the scheduler over a scripted trace without a model (steps and slots only);
 - batching_study.py: week 05's experiments (static vs continuous, the concurrency sweep), sized per profile;
-- bench.py: the engine against `transformers`' batchers (`python -m infer.engine.bench`).
+- bench.py: the engine against `transformers`' batchers (`python -m infer.experiments.engine_bench`).
 """
 
 from infer.engine.engine import Engine, StepRecord

@@ -8,6 +8,6 @@
 - server.py: a running server, in a thread or in a process of its own (`python -m infer.serve`);
 - client.py: `vllm bench serve`'s workload and timing, for any OpenAI-compatible server;
 - export.py: the course's model as a folder vLLM can serve;
-- vllm_server.py, vllm_bench.py: vLLM's server and benchmark client from `.venv-vllm`;
-- side_by_side.py: `transformers` sequential vs the course server vs vLLM, in one run.
+- vllm_server.py, vllm_bench.py: vLLM's server and benchmark client from `.venv-vllm`, and the commands that
+  run week 03's grid against its CUDA server;
 """

@@ -9,7 +9,7 @@ import os
 from pathlib import Path
 
 from infer.models import LoadedModel
-from infer.provenance import REPO_ROOT
+from infer.paths import REPO_ROOT
 from infer.serve.chat import with_chat_template
 
 EXPORT_ROOT_ENV_VAR = "INFER_EXPORT_DIR"

@@ -9,14 +9,15 @@ interpreter from that folder; nothing of vLLM is imported into the course's proc
 import json
 import os
 import shlex
+import shutil
 import subprocess
 from contextlib import contextmanager
 from pathlib import Path
 
-from infer.provenance import REPO_ROOT
+from infer.paths import VLLM_VENV
+from infer.profiles import dtype_name
 from infer.serve.server import LOOPBACK, free_port, server_process
 
-VLLM_VENV = REPO_ROOT / ".venv-vllm"
 BENCH_WRAPPER = Path(__file__).with_name("vllm_bench.py")
 KV_CACHE_GIB = 2  # VLLM_CPU_KVCACHE_SPACE: the CPU build's KV cache, in GiB (its default is larger)
 
@@ -25,8 +26,16 @@ def vllm_python() -> Path:
     return VLLM_VENV / "bin" / "python"
 
 
-def vllm_missing_reason() -> str | None:
-    """Why vLLM cannot run here, or None when it can."""
+def vllm_missing_reason(cuda: bool = False) -> str | None:
+    """Why vLLM cannot run here (`cuda`: its CUDA server, as week 03's grid needs), or None when it can."""
+    if cuda:
+        import torch
+
+        if not torch.cuda.is_available():
+            return "no CUDA GPU (vLLM's CUDA build serves on a GPU)"
+        if vllm_executable() is None:
+            return f"the `vllm` command is not installed (`make vllm` installs it into {VLLM_VENV.name})"
+        return None
     if not (VLLM_VENV / ".installed").exists():
         return f"vLLM is not installed in {VLLM_VENV.name} (run `make vllm`: 1.5 minutes, 3.4 GB)"
     return None
@@ -111,3 +120,54 @@ def gpu_commands(model: str = GPU_MODEL, slo_ms: dict[str, float] | None = None)
     sweep = (f"echo '{budgets}' > budgets.json && vllm bench sweep serve "
              f"--serve-cmd '{base_serve}' --bench-cmd '{bench}' --serve-params budgets.json -o results/sweep")
     return {"serve": f"{base_serve} --max-num-batched-tokens 8192", "bench": bench, "sweep": sweep}
+
+
+# ---------------------------------------------------------------- week 03's grid against vLLM's CUDA server
+
+VLLM_PERCENTILES = "50,90,95,99"
+
+
+def vllm_commands(profile, model_id: str, result_dir: str = "results/vllm", port: int = 8000,
+                  num_warmups: int = 2) -> tuple[list[str], list[list[str]]]:
+    """`vllm serve` and one `vllm bench serve` per grid cell, for the profile's grid and SLOs.
+
+    The completions endpoint (`--backend openai`) sends the prompt as is: the chat endpoint
+    would wrap it in a chat template and add tokens, so the input would no longer be exact.
+    `--ignore-eos` and `--random-range-ratio 0` make every request exactly input/output long."""
+    grid, dtype = profile.grid, dtype_name(profile.dtype)
+    serve = ["vllm", "serve", model_id, "--dtype", dtype, "--port", str(port), "--seed", "0",
+             "--max-model-len", str(max(grid.input_lens) + max(grid.output_lens))]
+    benches = []
+    for input_len, output_len, concurrency in grid.cells():
+        benches.append([
+            "vllm", "bench", "serve", "--backend", "openai", "--base-url", f"http://127.0.0.1:{port}",
+            "--endpoint", "/v1/completions", "--model", model_id,
+            "--dataset-name", "random", "--random-input-len", str(input_len), "--random-output-len", str(output_len),
+            "--random-range-ratio", "0", "--ignore-eos", "--temperature", "0", "--seed", "0",
+            "--num-prompts", str(grid.num_prompts), "--request-rate", "inf", "--max-concurrency", str(concurrency),
+            "--num-warmups", str(num_warmups),
+            "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", VLLM_PERCENTILES,
+            "--goodput", f"ttft:{profile.slo.ttft_ms:g}", f"tpot:{profile.slo.tpot_ms:g}",
+            "--save-result", "--result-dir", result_dir,
+            "--result-filename", f"vllm_in{input_len}_out{output_len}_c{concurrency}.json"])
+    return serve, benches
+
+
+def vllm_executable() -> str | None:
+    """The `vllm` command: the one in .venv-vllm, where `make vllm` installs it apart from the
+    course's environment (it pins an older transformers), else one on the PATH, else None."""
+    in_venv = VLLM_VENV / "bin" / "vllm"
+    return str(in_venv) if in_venv.exists() else shutil.which("vllm")
+
+
+def run_vllm_grid(profile, model_id: str, result_dir: str = "results/vllm", port: int = 8000,
+                  startup_timeout_s: float = 900.0) -> list[str]:
+    """Start `vllm serve`, wait until it answers /health, run every `vllm bench serve` of the grid,
+    stop the server. Returns the result files. The server's log goes to <result_dir>/server.log:
+    keep it, it shows the KV cache size and any preemption."""
+    serve, benches = vllm_commands(profile, model_id, result_dir, port)
+    vllm = vllm_executable()
+    with server_process([vllm, *serve[1:]], port, Path(result_dir) / "server.log", startup_timeout_s):
+        for command in benches:
+            subprocess.run([vllm, *command[1:]], check=True)
+    return [str(Path(result_dir) / c[c.index("--result-filename") + 1]) for c in benches]

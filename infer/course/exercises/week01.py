@@ -11,7 +11,8 @@ import torch
 
 from infer import hf
 from infer.course.checks import Case, LibraryCalls, Verdict, case_rng, close_to, grade_function, same_tokens
-from infer.prefill_decode import naive_greedy_generate, ttft_and_tpot_ms
+from infer.experiments.prefill_decode import ttft_and_tpot_ms
+from infer.generate import naive_greedy_generate
 from infer.prompts import random_prompt_ids
 from infer.roofline import matmul_arithmetic_intensity
 
@@ -69,7 +70,7 @@ def _recompute_verdict(fn, case: Case) -> Verdict | None:
         fn(model, prompt, new_tokens)
     if calls.seen:
         return Verdict(NAIVE_QID, False, "your function calls the course library's own "
-                                         "infer.prefill_decode.naive_greedy_generate: the lab asks you to write it")
+                                         "infer.generate.naive_greedy_generate: the lab asks you to write it")
     wanted = [prompt.shape[1] + step for step in range(new_tokens)]
     if seen.lengths == wanted:
         return None

@@ -1,5 +1,5 @@
 """Week 06's figures: per-request timelines (Gantt), ITL distributions, budget sweeps, and the
-simulator against the engine. Each takes what infer.chunked_prefill measured (or what the
+simulator against the engine. Each takes what infer.experiments.chunked_prefill measured (or what the
 simulator produced) and draws it on the axes it is given; the caller saves with provenance."""
 
 import matplotlib.pyplot as plt

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import matplotlib.pyplot as plt
 import numpy as np
 
-from infer.benchmark import run_sequential_server
+from infer.experiments.sequential_baseline import run_sequential_server
 from infer.engine.engine import Engine
 from infer.engine.replay import replay
 from infer.engine.sequence import SamplingParams
@@ -106,7 +106,7 @@ def concurrency_sweep(model, config, sizes: StudySizes, progress=None) -> list[d
 def sequential_baseline(hf_model, config, sizes: StudySizes, levels: tuple[int, ...] = (1, 2, 4),
                         rounds: int = 2) -> list[dict]:
     """Week 03's baseline, rerun in the same session: `transformers`' generate() serving one
-    request at a time (infer.benchmark.run_sequential_server) at a few concurrency levels of the
+    request at a time (infer.experiments.sequential_baseline.run_sequential_server) at a few concurrency levels of the
     sweep's shape. One-at-a-time throughput does not grow with concurrency, so a few levels show it."""
     prompts = random_prompt_ids(config, sizes.sweep_input_len, batch=rounds * max(levels), seed=7)
     run_sequential_server(hf_model, prompts[:1], sizes.sweep_output_len, 1)  # warm-up

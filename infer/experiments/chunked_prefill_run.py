@@ -1,4 +1,4 @@
-"""Week 06's measurements in one run: `python -m infer.chunked_prefill_run` (a few minutes on two
+"""Week 06's measurements in one run: `python -m infer.experiments.chunked_prefill_run` (a few minutes on two
 CPU cores). Writes, for the profile in use (cpu unless INFER_PROFILE says otherwise):
 
 - results/06_stalls_<profile>.json and figures/06_stalls.png: prefill-first vs chunked while
@@ -21,9 +21,9 @@ import matplotlib.pyplot as plt
 import numpy as np
 from tqdm.auto import tqdm
 
-from infer.chunked_prefill import (Workload, best_budget, median_step_s, mixed_workload, relative_error, serve,
+from infer.experiments.chunked_prefill import (Workload, best_budget, median_step_s, mixed_workload, relative_error, serve,
                                    stall_summary, stall_workload, summarize_run, time_step_kinds)
-from infer.chunked_prefill_plots import plot_budget_sweep, plot_gantt, plot_itl_distribution, plot_simulated_vs_measured
+from infer.experiments.chunked_prefill_plots import plot_budget_sweep, plot_gantt, plot_itl_distribution, plot_simulated_vs_measured
 from infer.engine.replay import arrival_offsets
 from infer.engine.simulator import simulate
 from infer.engine.step_costs import FEATURES, LinearStepCost, RooflineStepCost

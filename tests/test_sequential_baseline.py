@@ -1,4 +1,4 @@
-"""infer.benchmark: the streamer's timestamps, the one-at-a-time server's queue, the grid runner."""
+"""infer.experiments.sequential_baseline: the streamer's timestamps, the one-at-a-time server's queue, the grid runner."""
 
 import time
 
@@ -6,10 +6,9 @@ import pytest
 import torch
 
 from infer import hf
-from infer.benchmark import (
+from infer.experiments.sequential_baseline import (
     TokenTimestamps,
     generate_with_timestamps,
-    grid_cells,
     prompts_per_cell,
     run_baseline_grid,
     run_sequential_server,
@@ -113,7 +112,7 @@ def test_concurrency_must_be_positive():
 
 def test_grid_cells_and_prompt_counts():
     grid = BenchmarkGrid(input_lens=(512, 2048), output_lens=(64,), concurrency=(1, 8, 32), num_prompts=200)
-    assert grid_cells(grid) == [(512, 64, 1), (512, 64, 8), (512, 64, 32), (2048, 64, 1), (2048, 64, 8), (2048, 64, 32)]
+    assert grid.cells() == [(512, 64, 1), (512, 64, 8), (512, 64, 32), (2048, 64, 1), (2048, 64, 8), (2048, 64, 32)]
     sizes = BaselineSizes(min_prompts=8, rounds=2, warmup=1)
     assert [prompts_per_cell(grid, sizes, c) for c in (1, 8, 32)] == [8, 16, 64]
     small = BenchmarkGrid(input_lens=(32,), output_lens=(4,), concurrency=(4,), num_prompts=5)
@@ -165,7 +164,7 @@ def test_the_runs_table_hides_percentiles_that_n_cannot_support(tiny):
 
 @pytest.mark.parametrize("name, tail", [("cpu", 95), ("gpu", 90)])
 def test_each_profile_measures_enough_requests_for_its_tail_percentile(name, tail):
-    from infer.benchmark import BASELINE_SIZES
+    from infer.experiments.sequential_baseline import BASELINE_SIZES
     from infer.profiles import PROFILES
 
     grid = PROFILES[name].grid

@@ -158,11 +158,6 @@ def steady_state(records: list[RequestRecord], concurrency: int) -> tuple[list[R
     return measured, max(r.finish_time for r in measured) - start
 
 
-def grid_cells(grid: BenchmarkGrid) -> list[tuple[int, int, int]]:
-    """Every (input_len, output_len, concurrency) of the grid, in the order they run."""
-    return [(i, o, c) for i in grid.input_lens for o in grid.output_lens for c in grid.concurrency]
-
-
 def run_baseline_grid(lm, grid: BenchmarkGrid | None = None, *, sizes: BaselineSizes | None = None,
                       slo_ms: dict | None = None, progress: bool = True, seed: int = 0) -> tuple[list[dict], dict]:
     """Run the sequential `generate()` baseline over every cell of the grid.
@@ -178,7 +173,7 @@ def run_baseline_grid(lm, grid: BenchmarkGrid | None = None, *, sizes: BaselineS
     sizes = sizes or BASELINE_SIZES[profile.name]
     slo_ms = slo_from_profile(profile) if slo_ms is None else slo_ms
     device = next(lm.model.parameters()).device
-    cells = grid_cells(grid)
+    cells = grid.cells()
     total = sum(prompts_per_cell(grid, sizes, c) + c - 1 for _, _, c in cells)
     bar = tqdm(total=total, desc="baseline requests", disable=not progress)
     runs, records = [], {}
@@ -275,75 +270,6 @@ def plot_latency(ax, runs: list[dict], metric: str) -> None:
     ax.set_ylabel(f"{metric.upper()} (ms)")
     ax.legend(fontsize=7)
     ax.grid(True, alpha=0.3)
-
-
-# ---------------------------------------------------------------- the same grid against vLLM (GPU only)
-
-VLLM_PERCENTILES = "50,90,95,99"
-
-
-def vllm_commands(profile, model_id: str, result_dir: str = "results/vllm", port: int = 8000,
-                  num_warmups: int = 2) -> tuple[list[str], list[list[str]]]:
-    """`vllm serve` and one `vllm bench serve` per grid cell, for the profile's grid and SLOs.
-
-    The completions endpoint (`--backend openai`) sends the prompt as is: the chat endpoint
-    would wrap it in a chat template and add tokens, so the input would no longer be exact.
-    `--ignore-eos` and `--random-range-ratio 0` make every request exactly input/output long."""
-    grid, dtype = profile.grid, dtype_name(profile.dtype)
-    serve = ["vllm", "serve", model_id, "--dtype", dtype, "--port", str(port), "--seed", "0",
-             "--max-model-len", str(max(grid.input_lens) + max(grid.output_lens))]
-    benches = []
-    for input_len, output_len, concurrency in grid_cells(grid):
-        benches.append([
-            "vllm", "bench", "serve", "--backend", "openai", "--base-url", f"http://127.0.0.1:{port}",
-            "--endpoint", "/v1/completions", "--model", model_id,
-            "--dataset-name", "random", "--random-input-len", str(input_len), "--random-output-len", str(output_len),
-            "--random-range-ratio", "0", "--ignore-eos", "--temperature", "0", "--seed", "0",
-            "--num-prompts", str(grid.num_prompts), "--request-rate", "inf", "--max-concurrency", str(concurrency),
-            "--num-warmups", str(num_warmups),
-            "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", VLLM_PERCENTILES,
-            "--goodput", f"ttft:{profile.slo.ttft_ms:g}", f"tpot:{profile.slo.tpot_ms:g}",
-            "--save-result", "--result-dir", result_dir,
-            "--result-filename", f"vllm_in{input_len}_out{output_len}_c{concurrency}.json"])
-    return serve, benches
-
-
-def vllm_executable() -> str | None:
-    """The `vllm` command: the one in .venv-vllm, where `make vllm` installs it apart from the
-    course's environment (it pins an older transformers), else one on the PATH, else None."""
-    import shutil
-
-    from infer.provenance import VLLM_VENV
-
-    in_venv = VLLM_VENV / "bin" / "vllm"
-    return str(in_venv) if in_venv.exists() else shutil.which("vllm")
-
-
-def vllm_skip_reason() -> str | None:
-    """Why the vLLM benchmark cannot run here, or None when it can."""
-    if not torch.cuda.is_available():
-        return "no CUDA GPU (vLLM serves on a GPU)"
-    if vllm_executable() is None:
-        return "the `vllm` command is not installed (`make vllm` installs it into .venv-vllm)"
-    return None
-
-
-def run_vllm_grid(profile, model_id: str, result_dir: str = "results/vllm", port: int = 8000,
-                  startup_timeout_s: float = 900.0) -> list[str]:
-    """Start `vllm serve`, wait until it answers /health, run every `vllm bench serve` of the grid,
-    stop the server. Returns the result files. The server's log goes to <result_dir>/server.log:
-    keep it, it shows the KV cache size and any preemption."""
-    import subprocess
-    from pathlib import Path
-
-    from infer.serve.server import server_process
-
-    serve, benches = vllm_commands(profile, model_id, result_dir, port)
-    vllm = vllm_executable()
-    with server_process([vllm, *serve[1:]], port, Path(result_dir) / "server.log", startup_timeout_s):
-        for command in benches:
-            subprocess.run([vllm, *command[1:]], check=True)
-    return [str(Path(result_dir) / c[c.index("--result-filename") + 1]) for c in benches]
 
 
 def plot_request_timeline(ax, record: RequestRecord, service_start: float | None = None) -> None:

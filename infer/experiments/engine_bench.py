@@ -1,5 +1,5 @@
 """The engine against `transformers`' batchers, side by side in one run: `make bench`, or
-`python -m infer.engine.bench`. Writes results/05_engine_bench_<profile>.json and
+`python -m infer.experiments.engine_bench`. Writes results/05_engine_bench_<profile>.json and
 figures/05_engine_bench.png.
 
 Workloads (exact token ids, greedy, EOS ignored), all requests sent at once:
@@ -28,7 +28,7 @@ from infer import hf
 from infer.engine.engine import Engine
 from infer.engine.replay import replay
 from infer.engine.sequence import SamplingParams
-from infer.hf_batching import continuous_batched_generate, static_batched_generate
+from infer.experiments.hf_batching import continuous_batched_generate, static_batched_generate
 from infer.metrics import calculate_metrics, results_dir
 from infer.model import Transformer
 from infer.models import load_model

@@ -1,7 +1,7 @@
 """Three servers, one workload, one run: `transformers` sequential `generate()` (week 03's
 baseline), the course engine behind its server, and vLLM behind its own server.
 
-    python -m infer.serve.side_by_side      # writes results/07_side_by_side_<profile>.json and a figure
+    python -m infer.experiments.side_by_side      # writes results/07_side_by_side_<profile>.json and a figure
 
 The two HTTP servers are measured by the same client (infer.serve.client) on the same prompts
 (vLLM's random workload as token ids), serving the same weights (the vLLM server loads the folder
@@ -19,7 +19,7 @@ from dataclasses import asdict
 
 import torch
 
-from infer.benchmark import BASELINE_SIZES, prompts_per_cell, run_sequential_server
+from infer.experiments.sequential_baseline import BASELINE_SIZES, prompts_per_cell, run_sequential_server
 from infer.metrics import calculate_metrics, save_results
 from infer.models import load_model
 from infer.profiles import BenchmarkGrid, dtype_name, pick_profile
@@ -155,7 +155,7 @@ def plot_side_by_side(runs: list[dict], meta: dict):
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m infer.serve.side_by_side", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m infer.experiments.side_by_side", description=__doc__)
     parser.add_argument("--no-progress", action="store_true")
     parser.add_argument("--vllm-url", default=None, help="a running vLLM server of the exported model (default: start one)")
     args = parser.parse_args(argv)

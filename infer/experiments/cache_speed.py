@@ -18,7 +18,7 @@ from infer import hf
 from infer.generate import cached_greedy_generate
 from infer.kv_cache import ConcatKVCache, KVCache
 from infer.plotting import plot_medians
-from infer.prefill_decode import naive_greedy_generate
+from infer.generate import naive_greedy_generate
 from infer.timing import Timing, benchmark, cpu_threads
 
 NAIVE, GROWING, PREALLOCATED, GENERATE = ("naive loop (week 01)", "growing cache (torch.cat)",

@@ -5,7 +5,7 @@ Every experiment runs the real engine (infer.engine) through `replay`, with a `S
 place of its model runner, so that each run yields both vLLM-style request records and a trace
 of its steps (shape, time, each request's part): the Gantt charts and the simulator's
 calibration data come from the same runs as the metrics. The heavy measurements run once, as
-`python -m infer.chunked_prefill_run`, which writes results/06_*.json; the notebooks read those.
+`python -m infer.experiments.chunked_prefill_run`, which writes results/06_*.json; the notebooks read those.
 """
 
 import math

@@ -1,7 +1,6 @@
 """Week 01: the two phases of generation, and how long each takes.
 
-- `naive_greedy_generate`: the simplest correct loop. Every step runs the model over the whole
-  sequence so far and keeps only the last position's prediction: correct, and quadratic.
+- the naive loop itself is `infer.generate.naive_greedy_generate`;
 - `prefill_ms` / `decode_step_ms`: the two phases timed apart, with `transformers`' KV cache.
   Prefill processes a whole prompt in one forward pass (logits for its last position only, as
   servers do); a decode step processes one token against the cached keys and values of
@@ -18,27 +17,10 @@ import numpy as np
 import torch
 
 from infer import hf
+from infer.generate import naive_greedy_generate
 from infer.plotting import plot_medians
 from infer.prompts import random_prompt_ids
 from infer.timing import Timing, benchmark, synchronize
-
-
-@torch.no_grad()
-def naive_greedy_generate(model, prompt_ids: torch.Tensor, max_new_tokens: int,
-                          timestamps: list[float] | None = None) -> torch.Tensor:
-    """Greedy decoding without a cache. Returns the new tokens, shape [batch, max_new_tokens].
-
-    If `timestamps` is a list, the wall-clock time (time.perf_counter, seconds) at which each new
-    token became available is appended to it: the raw material of TTFT and TPOT."""
-    sequence = prompt_ids
-    for _ in range(max_new_tokens):
-        logits = hf.forward(model, sequence)  # the whole sequence, every step
-        next_token = logits[:, -1, :].argmax(dim=-1, keepdim=True)
-        sequence = torch.cat([sequence, next_token], dim=1)
-        if timestamps is not None:
-            synchronize(next_token.device)
-            timestamps.append(time.perf_counter())
-    return sequence[:, prompt_ids.shape[1]:]
 
 
 def ttft_and_tpot_ms(send_time_s: float, token_times_s: list[float]) -> tuple[float, float]:

@@ -1,0 +1,11 @@
+"""Each week's measurement harness, named by what it measures. Each imports the library, the
+engine and the server below it; nothing below imports from here.
+
+- prefill_decode.py (week 01): prefill and decode timed apart, the per-token time of the naive loop;
+- cache_speed.py (week 02): cached vs uncached generation, the cost of a growing cache;
+- sequential_baseline.py (week 03): `transformers`' `generate()` served one request at a time over the grid;
+- attention_bench.py (week 04): attention implementations swept over sequence length;
+- hf_batching.py, engine_bench.py, batching_study.py (week 05): batching policies and `transformers`' batchers;
+- chunked_prefill.py, chunked_prefill_run.py, chunked_prefill_plots.py (week 06): stalls, token budgets, the simulator;
+- side_by_side.py (week 07): the course server, vLLM's server and the sequential baseline, one client.
+"""
