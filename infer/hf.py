@@ -23,14 +23,25 @@ def forward(model, input_ids: torch.Tensor, cache: DynamicCache | None = None, *
     return model(input_ids, use_cache=True, **{name: cache}, **rows).logits
 
 
+# Every generation field that could change a greedy choice, set to its plain value. `generate()`
+# fills each field left unset from the model's own generation_config, and pretrained checkpoints
+# set some (Qwen2.5-Instruct: repetition_penalty=1.1, which pushes the argmax away from tokens
+# already seen). The sampling settings, unused by greedy, are transformers' own defaults: a
+# checkpoint's (Qwen's temperature 0.7, top_k 20, top_p 0.8) would only draw warnings.
+PLAIN_GREEDY = dict(do_sample=False, num_beams=1, repetition_penalty=1.0, encoder_repetition_penalty=1.0,
+                    no_repeat_ngram_size=0, encoder_no_repeat_ngram_size=0, min_new_tokens=0, suppress_tokens=[],
+                    begin_suppress_tokens=[], temperature=1.0, top_k=50, top_p=1.0)
+
+
 @torch.no_grad()
 def greedy_generate(model, prompt_ids: torch.Tensor, max_new_tokens: int, streamer=None) -> torch.Tensor:
     """`transformers`' own greedy `generate()`, returning only the new tokens [batch, max_new_tokens].
 
-    End-of-sequence is disabled so that exactly `max_new_tokens` come back: random-weight models
-    emit EOS by chance, and a comparison needs equal lengths. It takes an empty list: transformers
-    5 replaces `eos_token_id=None` with the model's own EOS id. A `streamer` sees every token."""
-    config = GenerationConfig(do_sample=False, max_new_tokens=max_new_tokens, eos_token_id=[], pad_token_id=0)
+    Plain greedy whatever the checkpoint's generation_config says (PLAIN_GREEDY). End-of-sequence
+    is disabled so that exactly `max_new_tokens` come back: random-weight models emit EOS by
+    chance, and a comparison needs equal lengths. It takes an empty list: transformers 5 replaces
+    `eos_token_id=None` with the model's own EOS id. A `streamer` sees every token."""
+    config = GenerationConfig(**PLAIN_GREEDY, max_new_tokens=max_new_tokens, eos_token_id=[], pad_token_id=0)
     out = model.generate(prompt_ids, attention_mask=torch.ones_like(prompt_ids), generation_config=config,
                          streamer=streamer)
     return out[:, prompt_ids.shape[1]:]

@@ -17,6 +17,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, Pretra
 from infer.profiles import Profile, dtype_name, pick_profile
 from infer.tokenizer import byte_level_tokenizer
 
+WEIGHTS_ENV_VAR = "INFER_WEIGHTS"  # the default of load_model(weights=...): make gpu-check sets it
 HUB_HOST = "huggingface.co"
 HUB_PROBE_TIMEOUT_S = 3.0
 
@@ -70,22 +71,26 @@ class LoadedModel:
         )
 
 
-def load_model(name: str | None = None, profile: Profile | None = None, *, weights: str = "auto",
+def load_model(name: str | None = None, profile: Profile | None = None, *, weights: str | None = None,
                local_path: str | os.PathLike | None = None, seed: int = 0, quiet: bool = False) -> LoadedModel:
     """Load `name` (default: the profile's model) on the profile's device and dtype.
 
     weights="auto" takes pretrained weights from `local_path`, the local Hugging Face cache or the
-    hub (when reachable), and falls back to random weights; "random" never touches the network.
+    hub (when reachable), and falls back to random weights; "pretrained" insists on them; "random"
+    never touches the network. Default: $INFER_WEIGHTS, else "auto" (so that a run of every
+    notebook, such as make gpu-check, chooses its weights once, and no download surprises it).
     """
     profile = profile or pick_profile()
     name = name or profile.model_name
     if name not in MODEL_SPECS:
         raise ValueError(f"Unknown model {name!r}; valid names: {', '.join(MODEL_SPECS)}")
+    asked_by = "asked for" if weights else f"${WEIGHTS_ENV_VAR} asks for"
+    weights = weights or os.environ.get(WEIGHTS_ENV_VAR, "auto")
     if weights not in ("auto", "pretrained", "random"):
-        raise ValueError(f"weights must be 'auto', 'pretrained' or 'random', not {weights!r}")
+        raise ValueError(f"weights must be 'auto', 'pretrained' or 'random', not {weights!r} ({asked_by} it)")
     spec = MODEL_SPECS[name]
 
-    source, why_not = (None, "asked for random weights") if weights == "random" else _pretrained_source(spec, local_path)
+    source, why_not = (None, f"{asked_by} random weights") if weights == "random" else _pretrained_source(spec, local_path)
     if source is None and weights == "pretrained":
         raise RuntimeError(f"Pretrained weights for {name!r} are not available: {why_not}")
 

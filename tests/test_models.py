@@ -85,3 +85,15 @@ def test_prompts_have_exact_length_no_special_tokens_and_are_seeded(tiny):
     assert not torch.equal(ids, random_prompt_ids(tiny.config, 137, batch=3, seed=8))
     with pytest.raises(ValueError, match="length and batch must be >= 1"):
         random_prompt_ids(tiny.config, 0)
+
+
+def test_infer_weights_chooses_the_weights_of_every_load(monkeypatch):
+    """make gpu-check picks its weights once, for every notebook, through $INFER_WEIGHTS."""
+    monkeypatch.setenv("INFER_WEIGHTS", "random")
+    monkeypatch.setitem(MODEL_SPECS, "tiny-hub", ModelSpec("tiny", "example/on-the-hub"))
+    monkeypatch.setattr(models, "_pretrained_source", lambda *a: pytest.fail("looked for pretrained weights"))
+    loaded = load_model("tiny-hub", quiet=True)
+    assert loaded.weights == "random" and "$INFER_WEIGHTS asks for random weights" in loaded.weights_note
+    monkeypatch.setenv("INFER_WEIGHTS", "downloaded")
+    with pytest.raises(ValueError, match=r"not 'downloaded' \(\$INFER_WEIGHTS asks for it\)"):
+        load_model("tiny", quiet=True)

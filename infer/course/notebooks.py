@@ -16,14 +16,14 @@ from nbclient import NotebookClient
 CELL_TIMEOUT_S = 300
 
 
-def execute(path: Path, out_path: Path, *, write_on_error: bool = False) -> float:
+def execute(path: Path, out_path: Path, *, write_on_error: bool = False, cell_timeout_s: int = CELL_TIMEOUT_S) -> float:
     """Run `path` in a fresh kernel (cwd: its own folder) and write the result to `out_path`.
 
     On an error nothing is written, unless `write_on_error` (never for in-place runs): then the
     notebook as far as it got, with the failing cell's traceback, goes to `out_path` for reading."""
     notebook = nbformat.read(path, as_version=4)
     started = time.perf_counter()
-    client = NotebookClient(notebook, timeout=CELL_TIMEOUT_S, kernel_name="python3", store_widget_state=True,
+    client = NotebookClient(notebook, timeout=cell_timeout_s, kernel_name="python3", store_widget_state=True,
                             shutdown_kernel="immediate",  # a graceful shutdown was seen to hang under load
                             resources={"metadata": {"path": str(path.parent.resolve())}})
     try:
