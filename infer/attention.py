@@ -18,7 +18,6 @@ same length for queries and keys) and returns [batch, heads, seq_len, head_dim].
 cannot run here, so a notebook loops over all of them and prints one skip line per missing one."""
 
 import functools
-import importlib.util
 import math
 from dataclasses import dataclass
 from typing import Callable, NamedTuple
@@ -27,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from infer.availability import YES, Availability
+from infer.availability import YES, Availability, error_line
 from infer.profiles import dtype_name
 
 # ---------------------------------------------------------------- reference and naive
@@ -206,9 +205,8 @@ def _probe_sdpa(backend_name: str, device: str, dtype: torch.dtype, head_dim: in
     try:
         sdpa_attention(q, q, q, causal=True, backend=getattr(SDPBackend, backend_name))
     except RuntimeError as exc:
-        first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        return Availability(False, f"PyTorch has no {backend_name} kernel for {device}/{dtype_name(dtype)}/d={head_dim} "
-                                   f"({first_line[:90]})")
+        return Availability(False, f"PyTorch has no {backend_name} kernel for {device}/{dtype_name(dtype)}/"
+                                   f"d={head_dim} ({error_line(exc, 90)})")
     return YES
 
 
@@ -221,11 +219,28 @@ def _sdpa_available(backend_name: str, cuda_only: bool) -> AvailableFn:
     return available
 
 
+@functools.lru_cache(maxsize=None)
+def flash_attn_import_problem() -> str | None:
+    """Why `flash_attn_func` cannot be imported here, or None when it can. Finding the package is
+    not enough: a wheel built for another torch or CUDA version installs fine and then fails to
+    load its compiled library (ImportError "undefined symbol", or OSError)."""
+    try:
+        from flash_attn import flash_attn_func  # noqa: F401
+    except ImportError as exc:
+        if isinstance(exc, ModuleNotFoundError) and exc.name == "flash_attn":
+            return "the flash-attn package is not installed (see environment.yml)"
+        return f"the flash-attn package is installed but does not import ({error_line(exc)})"
+    except OSError as exc:
+        return f"the flash-attn package is installed but its CUDA library does not load ({error_line(exc)})"
+    return None
+
+
 def _flash_attn_available(device: str, dtype: torch.dtype, head_dim: int) -> Availability:
     if device != "cuda":
         return Availability(False, f"flash-attn runs on CUDA GPUs only (device here: {device})")
-    if importlib.util.find_spec("flash_attn") is None:
-        return Availability(False, "the flash-attn package is not installed (see environment.yml)")
+    problem = flash_attn_import_problem()
+    if problem:
+        return Availability(False, problem)
     if dtype not in (torch.float16, torch.bfloat16):
         return Availability(False, f"flash-attn supports fp16 and bf16 only, not {dtype_name(dtype)}")
     return YES
@@ -291,7 +306,8 @@ def random_qkv(batch: int, heads: int, seq_len: int, head_dim: int, *, dtype: to
     generator = torch.Generator(device="cpu")
     generator.manual_seed(seed if seed is not None else torch.seed() % 2**63)
     shape = (batch, heads, seq_len, head_dim)
-    return tuple(torch.randn(shape, generator=generator).to(device=device, dtype=dtype) for _ in range(3))
+    # drawn on the host, where the seeded generator lives, so every device sees the same values
+    return tuple(torch.randn(shape, generator=generator, device="cpu").to(device=device, dtype=dtype) for _ in range(3))
 
 
 @dataclass(frozen=True)

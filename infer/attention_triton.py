@@ -12,6 +12,7 @@ CPU interpreter (slowly), which is how it can be checked without a GPU."""
 import importlib.util
 import math
 import os
+from dataclasses import dataclass
 
 import torch
 
@@ -25,6 +26,33 @@ except ImportError:  # no triton: everything below stays undefined, and availabl
 
 SUPPORTED_HEAD_DIMS = (16, 32, 64, 128)  # tl.arange needs a power of two; tl.dot needs >= 16
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+# Shared memory per program for the Q tile and the pipelined K and V tiles. A GPU allows about
+# 99 KiB per block (L4), 163 KiB (A100) or 227 KiB (H100); 80 KiB fits all three with room for
+# Triton's own scratch. Past the limit, the launch fails with OutOfResources.
+SHARED_MEMORY_BUDGET = 80 * 1024
+
+
+@dataclass(frozen=True)
+class LaunchConfig:
+    block_m: int  # query rows per program
+    block_n: int  # keys per K/V tile
+    num_stages: int  # K/V tiles in flight at once (Triton's software pipelining)
+
+    def tile_bytes(self, dtype: torch.dtype, head_dim: int) -> int:
+        """Shared memory of the Q tile and `num_stages` K and V tiles."""
+        return dtype.itemsize * head_dim * (self.block_m + 2 * self.block_n * self.num_stages)
+
+
+def launch_config(dtype: torch.dtype, head_dim: int) -> LaunchConfig:
+    """The deepest pipelining (3, 2 or 1 stages) whose tiles fit SHARED_MEMORY_BUDGET. float32 tiles
+    are twice as wide, so they take half the keys: at head_dim 128, Triton's default 3 stages of
+    64-key float32 tiles would need 224 KiB, more than an A100 or L4 has per block."""
+    block_n = 32 if dtype == torch.float32 else 64
+    for num_stages in (3, 2, 1):
+        config = LaunchConfig(block_m=64, block_n=block_n, num_stages=num_stages)
+        if config.tile_bytes(dtype, head_dim) <= SHARED_MEMORY_BUDGET:
+            return config
+    raise ValueError(f"no launch config fits {SHARED_MEMORY_BUDGET} bytes for {dtype} at head_dim {head_dim}")
 
 
 def interpreting() -> bool:
@@ -95,17 +123,17 @@ if triton is not None:
         tl.store(O + base + rows[:, None] * HEAD_DIM + dims[None, :], out.to(O.dtype.element_ty), mask=row_ok)
 
 
-def triton_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
-                     block_m: int = 64, block_n: int = 64) -> torch.Tensor:
+def triton_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False) -> torch.Tensor:
     """Attention of [batch, heads, seq_len, head_dim] tensors with the kernel above."""
     verdict = available(q.device.type, q.dtype, q.shape[-1])
     if not verdict:
         raise RuntimeError(f"triton_attention cannot run: {verdict.reason}")
     batch, heads, seq_len, head_dim = q.shape
+    config = launch_config(q.dtype, head_dim)
     q, k, v = (t.contiguous() for t in (q, k, v))
     out = torch.empty_like(q)
-    grid = (triton.cdiv(seq_len, block_m), batch * heads)
+    grid = (triton.cdiv(seq_len, config.block_m), batch * heads)
     _attention_forward[grid](q, k, v, out, seq_len, 1.0 / math.sqrt(head_dim),
-                             BLOCK_M=block_m, BLOCK_N=block_n, HEAD_DIM=head_dim,
-                             CAUSAL=causal, EXACT_FP32=q.dtype == torch.float32)
+                             BLOCK_M=config.block_m, BLOCK_N=config.block_n, HEAD_DIM=head_dim,
+                             CAUSAL=causal, EXACT_FP32=q.dtype == torch.float32, num_stages=config.num_stages)
     return out

@@ -13,3 +13,9 @@ class Availability:
 
 
 YES = Availability(True)
+
+
+def error_line(exc: BaseException, width: int = 150) -> str:
+    """An error as one line of a reason: its type and the first line of its message."""
+    lines = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {lines[0][:width]}" if lines else type(exc).__name__

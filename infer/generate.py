@@ -51,9 +51,9 @@ def cached_greedy_generate(model, prompt_ids: torch.Tensor, max_new_tokens: int,
     n = prompt.shape[0]
 
     def step(token_ids: torch.Tensor, first_position: int) -> torch.Tensor:
-        positions = torch.arange(first_position, first_position + token_ids.shape[0])
+        positions = torch.arange(first_position, first_position + token_ids.shape[0], device="cpu")
         slots = None if seq_id == 0 else torch.full_like(positions, seq_id)
-        last = torch.tensor([token_ids.shape[0] - 1])  # only the last position's logits are needed
+        last = torch.tensor([token_ids.shape[0] - 1], device="cpu")  # only the last position's logits are needed
         next_token = model(token_ids, positions, cache, slots, logits_rows=last).argmax(dim=-1)
         if timestamps is not None:
             synchronize(device)

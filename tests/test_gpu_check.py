@@ -34,8 +34,8 @@ def test_profile_environment_is_set_for_kernels_and_restored(tmp_path, monkeypat
             pass
 
 
-def _notebook(tmp_path, *sources):
-    path = tmp_path / "probe.ipynb"
+def _notebook(tmp_path, *sources, name="probe"):
+    path = tmp_path / f"{name}.ipynb"
     nbformat.write(nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(s) for s in sources]), path)
     return path
 
@@ -49,6 +49,16 @@ def test_a_failing_notebook_is_reported_and_kept(tmp_path):
     assert "profile: gpu-dryrun" in run.output_text and "never" not in run.output_text
     assert run.skip_lines == ("Skipped: the allocator check needs a CUDA GPU",)
     assert run.line.startswith("FAILED")
+
+
+def test_a_cell_past_its_limit_or_a_dead_kernel_fails_that_notebook_only(tmp_path):
+    """nbclient raises these instead of CellExecutionError; before issue 22 they ended make gpu-check."""
+    slow = run_notebook(_notebook(tmp_path, "import time; time.sleep(60)", name="slow"), "gpu-dryrun",
+                        tmp_path / "out", cell_timeout_s=3)
+    assert slow.error and slow.error.startswith("CellTimeoutError") and "3 seconds" in slow.error, slow.error
+    dead = run_notebook(_notebook(tmp_path, "import os; os._exit(1)", name="dead"), "gpu-dryrun", tmp_path / "out")
+    assert dead.error and dead.error.startswith("DeadKernelError"), dead.error
+    assert slow.executed.exists() and dead.executed.exists(), "the half-run copies are kept for reading"
 
 
 def _report(**packages):

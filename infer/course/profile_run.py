@@ -4,8 +4,11 @@
 
 The executed copies go to <out>/notebooks (same relative paths), the figures and results they
 save to <out>/figures and <out>/results: the committed notebooks, figures and results stay as
-they are. Two callers: the CI test that runs everything on the gpu profile's CPU stand-in
-(`gpu-dryrun`), and `make gpu-check` on a real GPU (infer/course/gpu_check.py)."""
+they are; <out>/summary.txt says, for each notebook, whether it ran, failed or was skipped, how
+long it took and why. A failing cell, a cell past its time limit or a dead kernel fails that
+notebook only: the others still run. Two callers: the CI test that runs everything on the gpu
+profile's CPU stand-in (`gpu-dryrun`, with --strict-devices), and `make gpu-check` on a real GPU
+(infer/course/gpu_check.py)."""
 
 import argparse
 import contextlib
@@ -17,10 +20,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import nbformat
-from nbclient.exceptions import CellExecutionError
+from nbclient.exceptions import CellExecutionError, CellTimeoutError, DeadKernelError
 
-from infer.course.notebooks import execute
+from infer import STRICT_DEVICES_ENV_VAR
+from infer.course.notebooks import CELL_TIMEOUT_S, execute
 from infer.metrics import RESULTS_ENV_VAR
+from infer.models import WEIGHTS_ENV_VAR
 from infer.plotting import FIGURES_ENV_VAR
 from infer.profiles import PROFILE_ENV_VAR, PROFILES
 from infer.paths import REPO_ROOT
@@ -29,6 +34,8 @@ NOTEBOOK_FOLDERS = ("weeks", "solutions")  # labs/ are generated from solutions/
 # A notebook says that a GPU-only piece did not run with one printed line: "Skipped: ...",
 # "skipped flash-attn: ...", "... Triton kernel skips (it needs a CUDA GPU)".
 SKIP_LINE = re.compile(r"^\s*skipped\b|\bskips?\b", re.IGNORECASE)
+# What ends a notebook's run early: an error in a cell, a cell past its time limit, a dead kernel.
+NOTEBOOK_FAILURES = (CellExecutionError, CellTimeoutError, DeadKernelError)
 
 
 def course_notebooks(root: Path = REPO_ROOT) -> list[Path]:
@@ -47,17 +54,25 @@ class NotebookRun:
 
     @property
     def line(self) -> str:
-        status = "ok    " if self.error is None else "FAILED"
+        status = "ran    " if self.error is None else "FAILED "
         return f"{status} {self.notebook} ({self.seconds:.0f} s)" + (f": {self.error}" if self.error else "")
 
 
+def skipped_line(notebook: Path, reason: str) -> str:
+    """A notebook that was not run, in the same columns as NotebookRun.line."""
+    return f"skipped {notebook}: {reason}"
+
+
 @contextlib.contextmanager
-def profile_environment(profile_name: str, out_dir: Path):
-    """Kernels started inside inherit this environment: the profile, and where figures and results go."""
+def profile_environment(profile_name: str, out_dir: Path, *, strict_devices: bool = False, weights: str | None = None):
+    """Kernels started inside inherit this environment: the profile, where figures and results go,
+    and optionally the strict-devices test mode and the weights every load_model() takes."""
     if profile_name not in PROFILES:
         raise ValueError(f"Unknown profile {profile_name!r}; valid profiles: {', '.join(sorted(PROFILES))}")
     settings = {PROFILE_ENV_VAR: profile_name, FIGURES_ENV_VAR: str(out_dir / "figures"),
-                RESULTS_ENV_VAR: str(out_dir / "results")}
+                RESULTS_ENV_VAR: str(out_dir / "results"), STRICT_DEVICES_ENV_VAR: "1" if strict_devices else "0"}
+    if weights:
+        settings[WEIGHTS_ENV_VAR] = weights
     saved = {key: os.environ.get(key) for key in settings}
     os.environ.update(settings)
     try:
@@ -70,28 +85,45 @@ def profile_environment(profile_name: str, out_dir: Path):
                 os.environ[key] = value
 
 
-def run_notebook(notebook: Path, profile_name: str, out_dir: Path) -> NotebookRun:
+def run_notebook(notebook: Path, profile_name: str, out_dir: Path, *, cell_timeout_s: int = CELL_TIMEOUT_S,
+                 strict_devices: bool = False, weights: str | None = None) -> NotebookRun:
     """Execute one notebook on `profile_name`, writing it (even half-run) under `out_dir`/notebooks."""
-    relative = notebook.resolve().relative_to(REPO_ROOT) if notebook.resolve().is_relative_to(REPO_ROOT) \
-        else Path(notebook.name)
-    executed = out_dir / "notebooks" / relative
+    executed = out_dir / "notebooks" / shown_path(notebook)
     started = time.perf_counter()
-    with profile_environment(profile_name, out_dir):
+    with profile_environment(profile_name, out_dir, strict_devices=strict_devices, weights=weights):
         try:
-            execute(notebook, executed, write_on_error=True)
+            execute(notebook, executed, write_on_error=True, cell_timeout_s=cell_timeout_s)
             error = None
-        except CellExecutionError as exc:
+        except NOTEBOOK_FAILURES as exc:
             error = _short_error(exc)
     seconds = time.perf_counter() - started
     text = _output_text(executed) if executed.exists() else ""
     skips = tuple(dict.fromkeys(line.strip() for line in text.splitlines() if SKIP_LINE.search(line)))
-    return NotebookRun(relative, executed, seconds, error, skips, text)
+    return NotebookRun(shown_path(notebook), executed, seconds, error, skips, text)
 
 
-def _short_error(exc: CellExecutionError) -> str:
-    """The exception's last line (e.g. "ValueError: No week 01 sizes for profile ..."), not the traceback."""
+def shown_path(notebook: Path) -> Path:
+    """The notebook relative to the repository (just its name when it lies elsewhere)."""
+    resolved = notebook.resolve()
+    return resolved.relative_to(REPO_ROOT) if resolved.is_relative_to(REPO_ROOT) else Path(notebook.name)
+
+
+def _short_error(exc: Exception) -> str:
+    """One line: a cell's exception ("ValueError: No week 01 sizes for profile ..."), not its
+    traceback; or nbclient's own ("CellTimeoutError: A cell timed out ..., after 300 seconds.")."""
     name, value = getattr(exc, "ename", ""), getattr(exc, "evalue", "")
-    return f"{name}: {value}"[:300] if name else str(exc).strip().splitlines()[-1][:300]
+    if name:
+        return f"{name}: {value}"[:300]
+    lines = str(exc).strip().splitlines() or [""]
+    return f"{type(exc).__name__}: {lines[0]}"[:300]
+
+
+def write_summary(out_dir: Path, header: list[str], lines: list[str]) -> Path:
+    """<out_dir>/summary.txt: the header, then one line per notebook (ran, FAILED or skipped)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / "summary.txt"
+    path.write_text("\n".join([*header, "", *lines]) + "\n")
+    return path
 
 
 def _output_text(path: Path) -> str:
@@ -110,14 +142,18 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--profile", required=True, choices=sorted(PROFILES))
     parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--strict-devices", action="store_true", help="fail where a tensor would land on the wrong "
+                                                                      "device (infer/strict_devices.py)")
     parser.add_argument("notebooks", nargs="*", type=Path, help="default: every notebook in weeks/ and solutions/")
     args = parser.parse_args(argv)
     runs = []
     for path in args.notebooks or course_notebooks():
-        runs.append(run_notebook(path, args.profile, args.out))
+        runs.append(run_notebook(path, args.profile, args.out, strict_devices=args.strict_devices))
         print(runs[-1].line, flush=True)
         for skip in runs[-1].skip_lines:
-            print(f"       {skip}")
+            print(f"        {skip}")
+    header = [f"profile_run: profile {args.profile}{', strict devices' if args.strict_devices else ''}"]
+    print(f"summary: {write_summary(args.out, header, [run.line for run in runs])}")
     return 0 if all(run.error is None for run in runs) else 1
 
 

@@ -11,6 +11,8 @@
   implementation that materializes [N, N] matrices is refused *before* it runs when its predicted
   bytes exceed a budget (swapping would freeze the machine long before Python saw an error).
   Either way the sweep records an "oom" point and goes on.
+- Any other error of one implementation (a kernel out of shared memory, a package that fails at
+  its first call) is recorded as a "failed" point with the error's first line; the others go on.
 - Time guard: an implementation whose next length would take longer than `max_call_s` per call
   (predicted from its last point, times growing as N^2) is skipped from there on, and says so."""
 
@@ -23,6 +25,7 @@ from torch.utils._pytree import tree_leaves
 
 from infer.attention import AttentionImpl, random_qkv
 from infer.attention_io import score_matrix_bytes
+from infer.availability import error_line
 from infer.plotting import plot_medians
 from infer.profiles import Profile
 from infer.timing import Timing, benchmark, cpu_threads
@@ -46,6 +49,9 @@ class SweepConfig:
 
 def sweep_config(profile: Profile) -> SweepConfig:
     """The sweep of a profile: small on CPU (seconds), up to 64k tokens on a GPU."""
+    if profile.name == "gpu-check":  # make gpu-check's 10 minutes: the gpu sweep's kernels, three lengths
+        return SweepConfig(seq_lens=(1024, 4096, 16384), batch=1, heads=16, head_dim=128, dtype=torch.bfloat16,
+                           device="cuda", warmup=1, repeats=3, max_call_s=1.0)
     if profile.device == "cuda":
         return SweepConfig(seq_lens=(1024, 2048, 4096, 8192, 16384, 32768, 65536), batch=1, heads=16, head_dim=128,
                            dtype=torch.bfloat16, device="cuda", warmup=2, repeats=5, max_call_s=5.0)
@@ -108,7 +114,7 @@ def memory_method(device: str) -> str:
 def predicted_naive_bytes(config: SweepConfig, seq_len: int) -> int:
     """What `naive_attention` (and SDPA's math backend, roughly) holds at its peak: S in float32,
     P in the input dtype, and the boolean causal mask."""
-    width = torch.tensor([], dtype=config.dtype).element_size()
+    width = config.dtype.itemsize
     mask = seq_len * seq_len if config.causal else 0
     return (score_matrix_bytes(config.batch, config.heads, seq_len, 4)
             + score_matrix_bytes(config.batch, config.heads, seq_len, width) + mask)
@@ -118,7 +124,7 @@ def predicted_naive_bytes(config: SweepConfig, seq_len: int) -> int:
 class SweepPoint:
     name: str
     seq_len: int
-    status: str  # "ok", "oom" or "skipped"
+    status: str  # "ok", "oom", "failed" or "skipped"
     timing: Timing | None = None
     peak_bytes: int | None = None
     note: str = ""
@@ -188,6 +194,8 @@ def _measure(impl: AttentionImpl, config: SweepConfig, seq_len: int) -> SweepPoi
     except torch.cuda.OutOfMemoryError:
         torch.cuda.empty_cache()
         return SweepPoint(impl.name, seq_len, "oom", note="torch.cuda.OutOfMemoryError")
+    except Exception as exc:  # noqa: BLE001 - one implementation's failure is a result of the sweep, not its end
+        return SweepPoint(impl.name, seq_len, "failed", note=error_line(exc))
     return SweepPoint(impl.name, seq_len, "ok", timing, peak)
 
 

@@ -38,10 +38,10 @@ def grade_merge(student_merge, cases: int = 6) -> Verdict:
     for index in range(cases):
         rows, keys_a, keys_b, dim = rng.randint(1, 8), rng.randint(1, 12), rng.randint(1, 12), rng.choice([4, 16])
         spread = rng.choice([1.0, 30.0])  # large scores: a merge that forgets to rescale overflows or drifts
-        scores = torch.randn(rows, keys_a + keys_b, dtype=torch.float64, generator=generator) * spread
+        scores = torch.randn(rows, keys_a + keys_b, dtype=torch.float64, generator=generator, device="cpu") * spread
         if index % 2:  # some rows see nothing in block B (masked keys), as on a causal diagonal
             scores[: rows // 2 + 1, keys_a:] = float("-inf")
-        values = torch.randn(keys_a + keys_b, dim, dtype=torch.float64, generator=generator)
+        values = torch.randn(keys_a + keys_b, dim, dtype=torch.float64, generator=generator, device="cpu")
         a = block_state(scores[:, :keys_a], values[:keys_a])
         b = block_state(scores[:, keys_a:], values[keys_a:])
         label = f"{rows} rows, blocks of {keys_a} and {keys_b} keys, scores x{spread:g}" + (
