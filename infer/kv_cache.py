@@ -9,10 +9,9 @@ computes them for its one new token only, instead of recomputing the whole prefi
   `torch.cat`s the old tensor with the new entries, so each step copies the whole past again.
 
 Both serve the model through `write(layer, seq_id, start, k, v)` and `read(layer, seq_id, end)`,
-with k and v shaped [kv_heads, n, head_dim], and report the bytes they hold (`nbytes`). For a
-serving step's decodes (week 05), `write_tokens` stores one new token of each of several
-sequences and `read_slots` reads a range of slots padded to one length, so that all decodes
-share one attention call.
+with k and v shaped [kv_heads, n, head_dim], and report the bytes they hold (`nbytes`). The
+serving engine (weeks 05-08) keeps its keys and values in a `KVCache` too, read as blocks
+(infer.paged_attention): a slot is one block of `max_len` positions.
 """
 
 import torch
@@ -44,21 +43,6 @@ class KVCache:
     def read(self, layer: int, seq_id: int, end: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Keys and values of positions 0..end-1 of sequence `seq_id`: views, no copy."""
         return self.k[layer][seq_id, :, :end], self.v[layer][seq_id, :, :end]
-
-    def write_tokens(self, layer: int, seq_ids: list[int], positions: list[int], k: torch.Tensor, v: torch.Tensor) -> None:
-        """Store one token per sequence: k, v [B, kv_heads, head_dim] at positions[i] of seq_ids[i]."""
-        for seq_id, position in zip(seq_ids, positions):
-            _check_write(seq_id, position, position + 1, self.max_seqs, self.max_len, self.lengths)
-        slots, at = torch.tensor(seq_ids, device=k.device), torch.tensor(positions, device=k.device)
-        self.k[layer][slots, :, at] = k
-        self.v[layer][slots, :, at] = v
-        for seq_id, position in zip(seq_ids, positions):
-            self.lengths[seq_id] = position + 1
-
-    def read_slots(self, layer: int, first: int, stop: int, end: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Keys and values of slots first..stop-1, positions 0..end-1: [stop - first, kv_heads, end,
-        head_dim] views, no copy. Positions a slot has not filled hold stale values: mask them."""
-        return self.k[layer][first:stop, :, :end], self.v[layer][first:stop, :, :end]
 
     @classmethod
     def for_model(cls, model, max_seqs: int, max_len: int) -> "KVCache":
@@ -94,20 +78,6 @@ class ConcatKVCache:
 
     def read(self, layer: int, seq_id: int, end: int) -> tuple[torch.Tensor, torch.Tensor]:
         return self.k[layer][seq_id][:, :end], self.v[layer][seq_id][:, :end]
-
-    def write_tokens(self, layer: int, seq_ids: list[int], positions: list[int], k: torch.Tensor, v: torch.Tensor) -> None:
-        for i, (seq_id, position) in enumerate(zip(seq_ids, positions)):  # one torch.cat each: this cache's cost
-            self.write(layer, seq_id, position, k[i, :, None], v[i, :, None])
-
-    def read_slots(self, layer: int, first: int, stop: int, end: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Slots first..stop-1 zero-padded to `end` positions (a copy): [stop - first, kv_heads, end, head_dim]."""
-        def padded(held: dict[int, torch.Tensor], slot: int) -> torch.Tensor:
-            t = held[slot][:, :end]
-            return torch.nn.functional.pad(t, (0, 0, 0, end - t.shape[1]))
-        slots = [s for s in range(first, stop) if s in self.k[layer]]
-        template = torch.zeros_like(padded(self.k[layer], slots[0]))
-        return tuple(torch.stack([padded(held, s) if s in held else template for s in range(first, stop)])
-                     for held in (self.k[layer], self.v[layer]))
 
     @classmethod
     def for_model(cls, model) -> "ConcatKVCache":

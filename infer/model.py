@@ -12,6 +12,11 @@ can all share one call (week 05):
 
     logits = model(token_ids, positions, cache, seq_ids)   # [N] each -> [N, vocab]
 
+Attention reaches the cache through one of two objects with the same `attend` method:
+`PerSequenceKV` for a cache written and read at positions (week 02's, used one sequence at a
+time), or the engine's `PagedKV` (infer.paged_attention), which writes every new token through a
+slot mapping and batches the decodes through block tables.
+
 Supported configs: `model_type` "llama" and "qwen2"; rope_type "default" and "llama3" (the
 frequency rescaling of Llama 3.1/3.2); no sliding window. Anything else is rejected by
 `Arch.from_config` with the reason, never approximated.
@@ -24,6 +29,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from transformers import PretrainedConfig
+
+from infer.paged_attention import PagedKV, SeqRun, causal_attention, plan_runs
 
 
 @dataclass(frozen=True)
@@ -158,54 +165,28 @@ class MLP(nn.Module):
         return self.down(F.silu(self.gate(x)) * self.up(x))
 
 
-@dataclass(frozen=True)
-class SeqRun:
-    """The tokens of one sequence in a flat batch: rows [row, row + n) hold its positions [start, start + n)."""
+class PerSequenceKV:
+    """A cache written and read at positions (week 02's `KVCache`, `ConcatKVCache`, or a
+    student's own with just `write` and `read`), used one sequence at a time: simple and exact.
+    The engine passes a `PagedKV` instead, which batches the decodes."""
 
-    seq_id: int
-    row: int
-    start: int
-    n: int
+    def __init__(self, cache, runs: list[SeqRun]):
+        self.cache, self.runs = cache, runs
 
-    @property
-    def rows(self) -> slice:
-        return slice(self.row, self.row + self.n)
-
-    @property
-    def end(self) -> int:
-        return self.start + self.n
-
-
-def plan_runs(positions: torch.Tensor, seq_ids: torch.Tensor | None) -> list[SeqRun]:
-    """Group a flat batch into per-sequence runs, once per forward, on the host.
-
-    Each sequence's tokens must be one contiguous run of consecutive positions (a prompt, a
-    prefill chunk, or one decode token): that is what a serving step contains. Keep `positions`
-    and `seq_ids` on the CPU and this costs no device synchronization."""
-    pos = positions.tolist()
-    ids = [0] * len(pos) if seq_ids is None else seq_ids.tolist()
-    if len(ids) != len(pos):
-        raise ValueError(f"seq_ids has {len(ids)} entries but positions has {len(pos)}: one per token")
-    runs: list[SeqRun] = []
-    for row, (seq, p) in enumerate(zip(ids, pos)):
-        last = runs[-1] if runs else None
-        if last is not None and last.seq_id == seq:
-            if p != last.end:
-                raise ValueError(f"sequence {seq}: positions must be consecutive within a step, "
-                                 f"got {p} after {last.end - 1} (row {row})")
-            runs[-1] = SeqRun(seq, last.row, last.start, last.n + 1)
-        else:
-            if any(r.seq_id == seq for r in runs):
-                raise ValueError(f"sequence {seq} appears in two separate runs of the batch; keep its tokens together")
-            runs.append(SeqRun(seq, row, p, 1))
-    return runs
+    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        out = torch.empty_like(q)
+        for run in self.runs:
+            self.cache.write(layer, run.seq_id, run.start, k[run.rows].transpose(0, 1), v[run.rows].transpose(0, 1))
+            keys, values = self.cache.read(layer, run.seq_id, run.end)  # [kv_heads, end, head_dim]
+            out[run.rows] = causal_attention(q[run.rows], keys, values, run.start)
+        return out
 
 
 class Attention(nn.Module):
     """Grouped-query attention: `num_heads` query heads share `num_kv_heads` K/V heads.
 
-    For each sequence in the batch: write its new K and V into its cache slot at its positions,
-    then let each query attend to that slot's keys up to (and including) its own position."""
+    For each sequence in the batch: store its new K and V in the cache at its positions, then
+    let each query attend to that sequence's keys up to (and including) its own position."""
 
     def __init__(self, arch: Arch):
         super().__init__()
@@ -215,69 +196,13 @@ class Attention(nn.Module):
         self.v = nn.Linear(arch.hidden_size, arch.num_kv_heads * arch.head_dim, bias=arch.qkv_bias)
         self.o = nn.Linear(arch.num_heads * arch.head_dim, arch.hidden_size, bias=arch.o_bias)
 
-    def forward(self, x, cos, sin, cache, layer: int, runs: list[SeqRun]) -> torch.Tensor:
+    def forward(self, x, cos, sin, kv, layer: int) -> torch.Tensor:
         n = x.shape[0]
         q = apply_rotary(self.q(x).view(n, self.num_heads, self.head_dim), cos, sin)
         k = apply_rotary(self.k(x).view(n, self.num_kv_heads, self.head_dim), cos, sin)
         v = self.v(x).view(n, self.num_kv_heads, self.head_dim)
-        out = torch.empty_like(q)
-        # A cache with only write/read (lab 02 asks students for exactly those two) takes the
-        # per-sequence path for decodes too; the library's caches batch them.
-        batched = hasattr(cache, "write_tokens")
-        decodes = [run for run in runs if run.n == 1] if batched else []
-        if decodes:  # every one-token run (a decode) in one batched call
-            rows = torch.tensor([run.row for run in decodes], device=x.device)
-            out[rows] = batched_decode_attention(q[rows], k[rows], v[rows], cache, layer, decodes)
-        for run in runs:  # prompts and prompt chunks: one sequence at a time, simple and exact
-            if run.n > 1 or not batched:
-                cache.write(layer, run.seq_id, run.start, k[run.rows].transpose(0, 1), v[run.rows].transpose(0, 1))
-                keys, values = cache.read(layer, run.seq_id, run.end)  # [kv_heads, end, head_dim]
-                out[run.rows] = causal_attention(q[run.rows], keys, values, run.start)
+        out = kv.attend(layer, q, k, v)  # stores k, v in the cache, attends over each sequence's keys
         return self.o(out.view(n, self.num_heads * self.head_dim))
-
-
-def batched_decode_attention(q, k, v, cache, layer: int, runs: list[SeqRun]) -> torch.Tensor:
-    """B one-token queries q [B, heads, d] of B different sequences, with their new k, v
-    [B, kv_heads, d], in one attention call.
-
-    Write the new entries, then read the cache's slots from the lowest to the highest in use,
-    in place (a view: no copy), up to the longest sequence's length. Each query goes to its slot's
-    row and is masked to its own length; rows of slots not decoding see one key and are dropped.
-    A masked key gets weight exactly 0 (exp(-inf)), so every row equals that sequence's attention
-    over its own keys, up to float rounding. An engine that hands out the lowest free slot first
-    keeps the range close to the number of decodes."""
-    seq_ids, positions = [run.seq_id for run in runs], [run.start for run in runs]
-    cache.write_tokens(layer, seq_ids, positions, k, v)
-    first, stop, longest = min(seq_ids), max(seq_ids) + 1, max(positions) + 1
-    keys, values = cache.read_slots(layer, first, stop, longest)  # [slots, kv_heads, longest, d]
-    rows = torch.tensor(seq_ids, device=q.device) - first
-    lengths = torch.ones(stop - first, dtype=torch.long, device=q.device)
-    lengths[rows] = torch.tensor(positions, device=q.device) + 1
-    mask = torch.arange(longest, device=q.device)[None, :] < lengths[:, None]  # [slots, longest]
-    kv_heads, group = keys.shape[1], q.shape[1] // keys.shape[1]
-    # query head h reads KV head h // group: [slots, kv_heads, group, d] needs no copies of K and V
-    queries = q.new_zeros(stop - first, kv_heads, group, q.shape[-1])
-    queries[rows] = q.view(len(runs), kv_heads, group, q.shape[-1])
-    out = F.scaled_dot_product_attention(queries, keys, values, attn_mask=mask[:, None, None, :])
-    return out[rows].reshape(q.shape)
-
-
-def causal_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, start: int) -> torch.Tensor:
-    """q [n, heads, d] at positions start..start+n-1 against keys/values [kv_heads, start+n, d].
-
-    Query i may see keys 0..start+i. One decode token sees everything (no mask); a prefill from
-    position 0 is the usual square causal mask; a later chunk needs the shifted one."""
-    n = q.shape[0]
-    q = q.transpose(0, 1)[None]  # [1, heads, n, d]
-    keys, values = keys[None], values[None]
-    if n == 1:
-        mask, causal = None, False
-    elif start == 0:
-        mask, causal = None, True
-    else:
-        mask, causal = torch.ones(n, start + n, dtype=torch.bool, device=q.device).tril(diagonal=start), False
-    out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, is_causal=causal, enable_gqa=True)
-    return out[0].transpose(0, 1)  # [n, heads, d]
 
 
 class Block(nn.Module):
@@ -290,8 +215,8 @@ class Block(nn.Module):
         self.mlp_norm = RMSNorm(arch.hidden_size, arch.rms_norm_eps)
         self.mlp = MLP(arch)
 
-    def forward(self, x, cos, sin, cache, layer: int, runs: list[SeqRun]) -> torch.Tensor:
-        x = x + self.attn(self.attn_norm(x), cos, sin, cache, layer, runs)
+    def forward(self, x, cos, sin, kv, layer: int) -> torch.Tensor:
+        x = x + self.attn(self.attn_norm(x), cos, sin, kv, layer)
         return x + self.mlp(self.mlp_norm(x))
 
 
@@ -318,15 +243,16 @@ class Transformer(nn.Module):
         """Logits [N, vocab] for a flat batch of N tokens (or only for `logits_rows`, e.g. each
         sequence's last token, which saves a [N, vocab] matmul during prefill).
 
-        token_ids, positions: [N]; seq_ids: [N] cache slots, None meaning all slot 0."""
+        token_ids, positions: [N]; `cache`: a positional cache (write/read) with seq_ids [N] its
+        slots (None: all slot 0), or the engine's `PagedKV` for this step (seq_ids unused)."""
         if token_ids.dim() != 1 or positions.shape != token_ids.shape:
             raise ValueError(f"token_ids and positions must both be flat [N] tensors, got "
                              f"{tuple(token_ids.shape)} and {tuple(positions.shape)}")
-        runs = plan_runs(positions, seq_ids)
+        kv = cache if isinstance(cache, PagedKV) else PerSequenceKV(cache, plan_runs(positions, seq_ids))
         x = self.embed(token_ids)
         cos, sin = self.rotary(positions.to(x.device, non_blocking=True), x.dtype)
         for index, layer in enumerate(self.layers):
-            x = layer(x, cos, sin, cache, index, runs)
+            x = layer(x, cos, sin, kv, index)
         if logits_rows is not None:
             x = x[logits_rows]
         return self.lm_head(self.norm(x))

@@ -8,6 +8,8 @@ import pytest
 import torch
 
 from infer.engine import Engine, SamplingParams
+from infer.engine.kv_store import SlotKVStore
+from infer.kv_cache import KVCache
 from infer.model import Transformer
 from tests.engine_helpers import greedy, single_request_greedy
 
@@ -182,3 +184,50 @@ def test_abort_frees_the_slot_at_once(model):
     outs = engine.step()
     assert [o.request_id for o in outs] == ["b"]
     engine.abort("no-such-request")  # ignored, like vLLM
+
+
+class TokenBudgetStore(SlotKVStore):
+    """A slot store that also caps the tokens held by all running sequences together, so that
+    appends get refused and the scheduler must preempt (as a paged store does when its blocks run out)."""
+
+    def __init__(self, model, max_num_seqs: int, max_model_len: int, token_budget: int):
+        super().__init__(max_num_seqs, max_model_len, KVCache.for_model(model, max_num_seqs, max_model_len))
+        self.token_budget, self.held = token_budget, {}
+
+    def _room(self, seq, num_tokens: int) -> bool:
+        others = sum(n for request_id, n in self.held.items() if request_id != seq.request_id)
+        return others + seq.num_computed_tokens + num_tokens <= self.token_budget
+
+    def can_allocate(self, seq, num_tokens):
+        return super().can_allocate(seq, num_tokens) and self._room(seq, num_tokens)
+
+    def allocate(self, seq, num_tokens):
+        self.held[seq.request_id] = num_tokens
+        return super().allocate(seq, num_tokens)
+
+    def can_append(self, seq, num_tokens):
+        return self._room(seq, num_tokens)
+
+    def append(self, seq, num_tokens):
+        self.held[seq.request_id] = seq.num_computed_tokens + num_tokens
+
+    def free(self, seq):
+        del self.held[seq.request_id]
+        super().free(seq)
+
+
+@pytest.mark.parametrize("policy", ["static", "continuous", "chunked"])
+@pytest.mark.parametrize("seed", range(3))
+def test_a_store_that_runs_out_preempts_and_every_request_keeps_its_greedy_tokens(model, policy, seed):
+    rng = random.Random(seed)
+    requests = random_requests(rng, 8)
+    longest = max(len(prompt) + max_tokens for prompt, max_tokens in requests)
+    store = TokenBudgetStore(model, 6, MAX_MODEL_LEN, token_budget=longest + 20)  # room for about two at a time
+    engine = Engine(model, policy=policy, max_num_seqs=6, max_num_batched_tokens=200, max_model_len=MAX_MODEL_LEN,
+                    kv_store=store)
+    results = engine.generate([prompt for prompt, _ in requests], [greedy(n) for _, n in requests], progress=False)
+    assert engine.num_preemptions > 0, "the budget was meant to force preemptions: the test no longer tests them"
+    for (prompt, max_tokens), result in zip(requests, results):
+        assert result.token_ids == single_request_greedy(model, prompt, max_tokens), \
+            f"request {result.request_id} ({policy}) lost its greedy tokens across a preemption"
+    assert store.num_free == 6 and not store.held, "every slot and token comes back"

@@ -9,11 +9,10 @@ from infer.engine import SamplingParams
 from infer.engine.kv_store import SlotKVStore
 from infer.engine.scheduler import Limits, Scheduler, make_policy
 from infer.engine.sequence import Sequence, Status
-from infer.kv_cache import KVCache
 
 
 def make_scheduler(policy: str, max_num_seqs: int) -> Scheduler:
-    store = SlotKVStore(KVCache(num_layers=1, max_seqs=max_num_seqs, max_len=64, kv_heads=1, head_dim=2))
+    store = SlotKVStore(max_num_seqs, 64)
     return Scheduler(make_policy(policy), Limits(max_num_seqs, 40), store, eos_token_ids={0}, max_model_len=64)
 
 
@@ -52,9 +51,9 @@ def test_no_slot_leaks_under_random_add_step_finish_abort(policy, seed):
 
 
 def test_double_free_is_an_error():
-    store = SlotKVStore(KVCache(num_layers=1, max_seqs=2, max_len=8, kv_heads=1, head_dim=2))
+    store = SlotKVStore(2, 8)
     seq = Sequence("a", [1], SamplingParams(), 0.0)
-    store.allocate(seq)
+    store.allocate(seq, 1)
     assert store.usage == 0.5
     store.free(seq)
     with pytest.raises(RuntimeError, match="does not hold slot"):

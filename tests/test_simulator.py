@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from infer.experiments.chunked_prefill import mixed_workload, serve
-from infer.engine.simulator import CountingKVStore, simulate
+from infer.engine.simulator import simulate
 from infer.engine.step_costs import FEATURES, FixedStepCost, LinearStepCost, RooflineStepCost, StepShape
 from infer.metrics import calculate_metrics
 from infer.model import Transformer
@@ -115,13 +115,14 @@ def test_bad_workloads_are_refused():
         simulate(FixedStepCost(1.0), [100], [5], policy="continuous", max_num_batched_tokens=64)
 
 
-def test_counting_store_hands_out_and_takes_back_slots():
+def test_a_slot_store_without_a_cache_hands_out_and_takes_back_slots():
+    from infer.engine.kv_store import SlotKVStore
     from infer.engine.sequence import SamplingParams, Sequence
 
-    store = CountingKVStore(2, 16)
+    store = SlotKVStore(2, 16)  # the simulator's: bookkeeping only, no tensors
     seqs = [Sequence(str(i), [1, 2], SamplingParams(), 0.0) for i in range(3)]
-    store.allocate(seqs[0])
-    store.allocate(seqs[1])
-    assert not store.can_allocate(seqs[2]) and store.usage == 1.0
+    store.allocate(seqs[0], 2)
+    store.allocate(seqs[1], 2)
+    assert not store.can_allocate(seqs[2], 2) and store.usage == 1.0
     store.free(seqs[0])
-    assert store.can_allocate(seqs[2]) and store.usage == 0.5
+    assert store.can_allocate(seqs[2], 2) and store.usage == 0.5

@@ -56,7 +56,7 @@ class Engine:
         eos_ids = set() if eos is None else set(eos) if isinstance(eos, (list, tuple)) else {eos}
         self.scheduler = Scheduler(self.policy, self.limits, self.kv_store, eos_ids, max_model_len)
         self.sampler = Sampler(model.embed.weight.device)
-        self.runner = ModelRunner(model, self.kv_store.cache, self.sampler)
+        self.runner = ModelRunner(model, self.kv_store, self.sampler)
         self.requests: dict[str, Sequence] = {}  # unfinished requests by id
         self.ids = (str(i) for i in itertools.count())
         self.lock = threading.RLock()
@@ -110,6 +110,9 @@ class Engine:
             raise ValueError(f"This model's maximum context length is {self.max_model_len} tokens. However, you "
                              f"requested {prompt_len + params.max_tokens} tokens ({prompt_len} in the prompt, "
                              f"{params.max_tokens} for the completion). Please reduce the prompt or max_tokens.")
+        if not self.kv_store.fits(prompt_len + params.max_tokens):
+            raise ValueError(f"{prompt_len} prompt + {params.max_tokens} output tokens can never fit in this "
+                             f"engine's KV store, even alone: give it more room, or ask for fewer tokens")
         if prompt_len > self.limits.max_num_batched_tokens and not self.policy.splits_prompts:
             raise ValueError(f"the prompt has {prompt_len} tokens, more than max_num_batched_tokens="
                              f"{self.limits.max_num_batched_tokens}: policy {self.policy.name!r} prefills a "
@@ -139,6 +142,10 @@ class Engine:
     @property
     def kv_cache_usage(self) -> float:
         return self.kv_store.usage
+
+    @property
+    def num_preemptions(self) -> int:
+        return self.scheduler.num_preemptions
 
     # ------------------------------------------------------------ the loop
 

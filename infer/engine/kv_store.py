@@ -1,11 +1,17 @@
-"""Where running sequences keep their keys and values, behind the small interface the scheduler
-uses: is there room for this sequence, give it room, take the room back.
+"""Where running sequences keep their keys and values, behind the interface the scheduler asks
+every step: can this sequence start (or go on) with its next n tokens, then give it the room;
+take the room back when it ends or is preempted.
 
-`SlotKVStore` is the course's week 02 cache (`infer.kv_cache.KVCache`): `max_num_seqs` slots of
-`max_model_len` positions each, one slot per running sequence, the lowest free one first (so
-the slots in use stay a compact range, which the model's batched decode reads in place). Room
-for a whole sequence is reserved up front, which is simple and wastes memory: week 08's paged
-store implements the same interface with blocks instead of slots.
+A store hands out *blocks* and keeps each sequence's `block_table` (its blocks, in position
+order); the model reads and writes through those tables (infer.paged_attention). Allocation
+reports how many of the prompt's tokens are already cached (prefix caching, week 08), so that a
+prefill can skip them without the policies knowing.
+
+`SlotKVStore` is the course's week 02 cache (`infer.kv_cache.KVCache`) seen as blocks of
+`max_model_len` positions: one block, a slot, per running sequence, the lowest free one first.
+Room for a whole sequence is reserved up front, so an append never runs out: simple, and
+wasteful of memory. Week 08's paged store hands out small blocks as sequences grow, and may run
+out, which makes the scheduler preempt.
 """
 
 import heapq
@@ -16,48 +22,73 @@ from infer.kv_cache import KVCache
 
 
 class KVStore(Protocol):
-    cache: object  # what the model's forward reads and writes (KVCache.write / read / write_tokens / read_slots)
+    cache: KVCache | None  # the buffers the model reads and writes (None: bookkeeping only, for the simulator)
+    block_size: int  # positions per block
 
-    def can_allocate(self, seq: Sequence) -> bool: ...
+    def can_allocate(self, seq: Sequence, num_tokens: int) -> bool:
+        """Room for a waiting sequence to compute its next `num_tokens` (after any cached prefix)?"""
 
-    def allocate(self, seq: Sequence) -> None: ...
+    def allocate(self, seq: Sequence, num_tokens: int) -> int:
+        """Give `seq` its blocks; return how many of its first tokens are already cached (0: none)."""
+
+    def can_append(self, seq: Sequence, num_tokens: int) -> bool:
+        """Room for a running sequence to compute `num_tokens` more?"""
+
+    def append(self, seq: Sequence, num_tokens: int) -> None: ...
 
     def free(self, seq: Sequence) -> None: ...
+
+    def fits(self, num_tokens: int) -> bool:
+        """Could a sequence of `num_tokens` ever fit, with the store to itself? (Checked at add_request.)"""
 
     @property
     def usage(self) -> float: ...  # fraction of the store in use, 0..1 (a server's KV-usage gauge)
 
 
 class SlotKVStore:
-    """One preallocated cache slot per running sequence, from a free list kept as a min-heap."""
+    """One slot of `max_model_len` positions per running sequence, from a free list kept as a min-heap."""
 
-    def __init__(self, cache: KVCache):
-        self.cache = cache
-        self.free_slots = list(range(cache.max_seqs))  # a heap: heappop hands out the lowest slot
+    def __init__(self, max_num_seqs: int, max_model_len: int, cache: KVCache | None = None):
+        if cache is not None and (cache.max_seqs, cache.max_len) != (max_num_seqs, max_model_len):
+            raise ValueError(f"the cache holds {cache.max_seqs} slots of {cache.max_len} positions, "
+                             f"not {max_num_seqs} of {max_model_len}")
+        self.cache, self.block_size, self.num_slots = cache, max_model_len, max_num_seqs
+        self.free_slots = list(range(max_num_seqs))  # a heap: heappop hands out the lowest slot
         self.owner: dict[int, str] = {}  # slot -> request id, to catch a double free
 
     @classmethod
     def for_model(cls, model, max_num_seqs: int, max_model_len: int) -> "SlotKVStore":
-        return cls(KVCache.for_model(model, max_num_seqs, max_model_len))
+        return cls(max_num_seqs, max_model_len, KVCache.for_model(model, max_num_seqs, max_model_len))
 
-    def can_allocate(self, seq: Sequence) -> bool:
-        return bool(self.free_slots) and seq.num_tokens <= self.cache.max_len
+    def can_allocate(self, seq: Sequence, num_tokens: int) -> bool:
+        return bool(self.free_slots) and seq.num_tokens <= self.block_size
 
-    def allocate(self, seq: Sequence) -> None:
-        if seq.slot is not None:
-            raise RuntimeError(f"request {seq.request_id!r} already holds slot {seq.slot}")
+    def allocate(self, seq: Sequence, num_tokens: int) -> int:
+        if seq.block_table:
+            raise RuntimeError(f"request {seq.request_id!r} already holds slot {seq.block_table[0]}")
         if not self.free_slots:
-            raise RuntimeError(f"no free KV slot for request {seq.request_id!r}: all {self.cache.max_seqs} are in use")
-        seq.slot = heapq.heappop(self.free_slots)
-        self.owner[seq.slot] = seq.request_id
-        self.cache.lengths[seq.slot] = 0  # the new sequence starts writing at position 0
+            raise RuntimeError(f"no free KV slot for request {seq.request_id!r}: all {self.num_slots} are in use")
+        slot = heapq.heappop(self.free_slots)
+        seq.block_table = [slot]
+        self.owner[slot] = seq.request_id
+        return 0
+
+    def can_append(self, seq: Sequence, num_tokens: int) -> bool:
+        return seq.num_computed_tokens + num_tokens <= self.block_size  # the slot was reserved whole
+
+    def append(self, seq: Sequence, num_tokens: int) -> None:
+        pass
 
     def free(self, seq: Sequence) -> None:
-        if seq.slot is None or self.owner.get(seq.slot) != seq.request_id:
-            raise RuntimeError(f"request {seq.request_id!r} does not hold slot {seq.slot}")
-        del self.owner[seq.slot]
-        heapq.heappush(self.free_slots, seq.slot)
-        seq.slot = None
+        slot = seq.slot
+        if slot is None or self.owner.get(slot) != seq.request_id:
+            raise RuntimeError(f"request {seq.request_id!r} does not hold slot {slot}")
+        del self.owner[slot]
+        heapq.heappush(self.free_slots, slot)
+        seq.block_table = []
+
+    def fits(self, num_tokens: int) -> bool:
+        return num_tokens <= self.block_size
 
     @property
     def num_free(self) -> int:
@@ -65,4 +96,4 @@ class SlotKVStore:
 
     @property
     def usage(self) -> float:
-        return 1 - len(self.free_slots) / self.cache.max_seqs
+        return 1 - len(self.free_slots) / self.num_slots

@@ -1,52 +1,68 @@
 """One engine step = one forward pass over a flat batch, then sampling.
 
 The scheduler's work items (sequence, tokens to compute) become the model's flat inputs: every
-item's tokens in a row, each with its position and its sequence's KV slot. Logits are computed
-only for the rows that sample (an item's last token when it reaches the sequence's newest token),
-not for every prompt token: that is a [rows, vocab] matmul saved per prefill token.
+item's tokens in a row, each with its position. Logits are computed only for the rows that sample
+(an item's last token when it reaches the sequence's newest token), not for every prompt token:
+that is a [rows, vocab] matmul saved per prefill token.
+
+`flatten` lays out a step for a cache addressed by slots (`seq_ids`, lab 05); the runner hands the
+model the step's `PagedKV` instead, built from each sequence's block table, so that any KV store
+(slots or small blocks) plugs in the same way.
 """
 
 from dataclasses import dataclass
 
 import torch
 
+from infer.engine.kv_store import KVStore
 from infer.engine.sampler import Sampler
 from infer.engine.scheduler import Work
+from infer.paged_attention import PagedKV, SeqRun
 
 
 @dataclass(frozen=True)
 class FlatBatch:
     token_ids: torch.Tensor  # [N], on the model's device
     positions: torch.Tensor  # [N], on the CPU (the model plans its per-sequence runs on the host)
-    seq_ids: torch.Tensor  # [N] KV slots, on the CPU
+    seq_ids: torch.Tensor  # [N] KV slots (the slot store's), on the CPU
     logits_rows: torch.Tensor  # [S] rows that sample, in work order
 
 
-def flatten(work: list[Work], device: torch.device | str) -> FlatBatch:
+def flatten(work: list[Work], device: torch.device | str, *, with_slots: bool = True) -> FlatBatch:
     """Lay the step's work items out one after another as one flat batch."""
     token_ids, positions, seq_ids, logits_rows = [], [], [], []
     for item in work:
         token_ids += item.seq.token_ids(item.start, item.start + item.num_tokens)
         positions += range(item.start, item.start + item.num_tokens)
-        seq_ids += [item.seq.slot] * item.num_tokens
+        if with_slots:
+            seq_ids += [item.seq.slot] * item.num_tokens
         if item.samples:
             logits_rows.append(len(token_ids) - 1)
     return FlatBatch(torch.tensor(token_ids, device=device), torch.tensor(positions), torch.tensor(seq_ids),
                      torch.tensor(logits_rows, dtype=torch.long))
 
 
+def step_runs(work: list[Work]) -> list[SeqRun]:
+    """Each work item's rows in the flat batch that `flatten` lays out (seq_id: its index in `work`)."""
+    runs, row = [], 0
+    for index, item in enumerate(work):
+        runs.append(SeqRun(index, row, item.start, item.num_tokens))
+        row += item.num_tokens
+    return runs
+
+
 class ModelRunner:
-    def __init__(self, model, cache, sampler: Sampler):
-        self.model, self.cache, self.sampler = model, cache, sampler
+    def __init__(self, model, kv_store: KVStore, sampler: Sampler):
+        self.model, self.kv_store, self.sampler = model, kv_store, sampler
         self.device = model.embed.weight.device
         self.num_forwards = 0  # how many model calls so far: one per step
 
     @torch.no_grad()
     def run(self, work: list[Work]) -> list[int]:
         """Run the step's work in one forward; return one sampled token per item that samples."""
-        batch = flatten(work, self.device)
+        batch = flatten(work, self.device, with_slots=False)
+        kv = PagedKV.for_runs(self.kv_store.cache, step_runs(work), [item.seq.block_table for item in work])
         self.num_forwards += 1
-        logits = self.model(batch.token_ids, batch.positions, self.cache, batch.seq_ids,
-                            logits_rows=batch.logits_rows.to(self.device))
+        logits = self.model(batch.token_ids, batch.positions, kv, logits_rows=batch.logits_rows.to(self.device))
         sampling = [item.seq for item in work if item.samples]
         return self.sampler.sample(logits, [s.request_id for s in sampling], [s.params for s in sampling])

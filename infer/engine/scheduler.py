@@ -1,10 +1,11 @@
 """Which requests run in the next step, and how many of their tokens: pure Python over two
 queues, testable without a model.
 
-The scheduler holds `waiting` (arrived, no KV slot yet, first come first served) and `running`
-(holding a slot). Each step, its policy decides how many waiting requests to admit and what work
-the step does, as (sequence, number of tokens to compute) items; the scheduler hands out the KV
-slots, and after the forward pass `update` appends the sampled tokens and retires what finished.
+The scheduler holds `waiting` (arrived, or preempted, without KV room; first come first served)
+and `running` (holding KV room). Each step, its policy decides how many waiting requests to admit
+and what work the step does, as (sequence, number of tokens to compute) items; the scheduler
+asks the KV store for room for every item, preempting when there is none, and after the forward
+pass `update` appends the sampled tokens and retires what finished.
 
 Policies:
 - static: admit a batch into an empty engine only, then run it until its last request ends;
@@ -163,7 +164,8 @@ class Scheduler:
         self.policy, self.limits, self.kv_store = policy, limits, kv_store
         self.eos_token_ids, self.max_model_len = eos_token_ids, max_model_len
         self.waiting: deque[Sequence] = deque()
-        self.running: list[Sequence] = []
+        self.running: list[Sequence] = []  # in admission order: the newest last
+        self.num_preemptions = 0
 
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
@@ -172,18 +174,60 @@ class Scheduler:
         return bool(self.waiting or self.running)
 
     def schedule(self) -> list[Work]:
-        """Admit what the policy admits (giving each a KV slot), and return the step's work."""
-        num_admitted, plan = self.policy.plan(list(self.waiting), list(self.running), self.limits)
-        for _ in range(num_admitted):
-            seq = self.waiting[0]
-            if not self.kv_store.can_allocate(seq):
-                raise RuntimeError(f"policy {self.policy.name!r} admitted {seq.request_id!r} "
-                                   f"but the KV store has no room for it")
+        """The step's work: what the policy plans, within the KV room the store has.
+
+        Running sequences first, oldest first: each gets room for its tokens, and when the store
+        has none, the newest running sequence is preempted (its room freed, itself back at the
+        head of the queue, to be recomputed) until it fits. Then, if nobody was preempted, the
+        admitted requests in queue order, as long as each gets its room (nobody overtakes). A
+        plan whose newcomers found no room leaves the step to the running sequences."""
+        work = self._within_kv_room(*self.policy.plan(list(self.waiting), list(self.running), self.limits))
+        if not work and self.running:
+            work = self._within_kv_room(*self.policy.plan([], list(self.running), self.limits))
+        return work
+
+    def _within_kv_room(self, num_admitted: int, plan: list[tuple[Sequence, int]]) -> list[Work]:
+        free_slots = self.limits.max_num_seqs - len(self.running)
+        if num_admitted > free_slots:
+            raise RuntimeError(f"policy {self.policy.name!r} admitted {num_admitted} requests with {free_slots} free "
+                               f"of max_num_seqs={self.limits.max_num_seqs}")
+        tokens = {id(seq): n for seq, n in plan}  # what the policy asks of each sequence
+        newcomers = list(self.waiting)[:num_admitted]
+        preempted = False
+        for seq in list(self.running):
+            if seq.status is not Status.RUNNING or id(seq) not in tokens:
+                continue  # preempted a moment ago, or not in this step
+            while not self.kv_store.can_append(seq, tokens[id(seq)]):
+                victim = self.running[-1]
+                self.preempt(victim)
+                tokens.pop(id(victim), None)
+                preempted = True
+                if victim is seq:
+                    break
+            if seq.status is Status.RUNNING:
+                self.kv_store.append(seq, tokens[id(seq)])
+        for seq in newcomers:
+            if preempted or not self.kv_store.can_allocate(seq, tokens[id(seq)]):
+                break  # vLLM admits nobody in a step that preempts; and nobody overtakes the head
             self.waiting.popleft()
-            self.kv_store.allocate(seq)
+            cached = self.kv_store.allocate(seq, tokens[id(seq)])
+            seq.num_computed_tokens = cached
+            tokens[id(seq)] = min(tokens[id(seq)], seq.num_tokens - cached)
             seq.status = Status.RUNNING
             self.running.append(seq)
-        return [Work(seq, seq.num_computed_tokens, n) for seq, n in plan]
+        return [Work(seq, seq.num_computed_tokens, tokens[id(seq)]) for seq, _ in plan
+                if id(seq) in tokens and seq.status is Status.RUNNING]
+
+    def preempt(self, seq: Sequence) -> None:
+        """Preemption by recompute, as vLLM V1 does by default: drop the sequence's KV and send it
+        back to the head of the queue; its prompt and the tokens it has produced are computed
+        again when it is readmitted, and it goes on from there."""
+        self.running.remove(seq)
+        self.kv_store.free(seq)
+        seq.status, seq.num_computed_tokens = Status.WAITING, 0
+        seq.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.appendleft(seq)
 
     def update(self, work: list[Work], sampled: list[int]) -> list[RequestOutput]:
         """Account for a finished step: `sampled` holds one token per item that samples, in order."""

@@ -43,8 +43,8 @@ class SamplingParams:
 
 
 class Status(enum.Enum):
-    WAITING = "waiting"  # queued, holds no KV slot
-    RUNNING = "running"  # holds a KV slot; prefilling or decoding
+    WAITING = "waiting"  # queued (new, or preempted), holds no KV room
+    RUNNING = "running"  # holds KV room; prefilling or decoding
     FINISHED = "finished"
 
 
@@ -57,8 +57,15 @@ class Sequence:
     output_token_ids: list[int] = field(default_factory=list)
     num_computed_tokens: int = 0  # tokens whose K/V are in the cache
     status: Status = Status.WAITING
-    slot: int | None = None  # the KV store's handle while RUNNING
+    block_table: list[int] = field(default_factory=list)  # the KV blocks holding its positions, in order
     finish_reason: str | None = None  # "length", "stop" or "abort"
+    num_preemptions: int = 0
+
+    @property
+    def slot(self) -> int | None:
+        """Under the slot store (weeks 05-07) a running sequence holds one block: its slot in the
+        week 02 `KVCache`, which the positional cache API addresses as `seq_id`."""
+        return self.block_table[0] if len(self.block_table) == 1 else None
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -71,7 +78,8 @@ class Sequence:
     @property
     def num_uncomputed_tokens(self) -> int:
         """Tokens still to run through the model before the next one can be sampled: the rest of
-        the prompt while prefilling, 1 (the newest token) while decoding."""
+        the prompt while prefilling, 1 (the newest token) while decoding, and everything so far
+        after a preemption (its KV was dropped: recomputed like a prompt)."""
         return self.num_tokens - self.num_computed_tokens
 
     @property

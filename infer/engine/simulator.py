@@ -13,41 +13,18 @@ its cost model leaves out (memory limits, a slow kernel, a busy host); hence the
 against the real engine, and the SIMULATED stamp on everything it produces.
 """
 
-import heapq
 import math
 from collections import deque
 from dataclasses import dataclass
 from typing import Sequence as Seq
 
+from infer.engine.kv_store import SlotKVStore
 from infer.engine.scheduler import Limits, Policy, Scheduler, make_policy
 from infer.engine.sequence import SamplingParams, Sequence
 from infer.engine.step_costs import StepTrace, step_shape, trace_items
 from infer.records import RequestRecord
 
 PLACEHOLDER_TOKEN = 0
-
-
-class CountingKVStore:
-    """The slot store's bookkeeping without the tensors: room for `max_num_seqs` sequences."""
-
-    cache = None
-
-    def __init__(self, max_num_seqs: int, max_model_len: int):
-        self.free_slots, self.max_num_seqs, self.max_model_len = list(range(max_num_seqs)), max_num_seqs, max_model_len
-
-    def can_allocate(self, seq: Sequence) -> bool:
-        return bool(self.free_slots) and seq.num_tokens <= self.max_model_len
-
-    def allocate(self, seq: Sequence) -> None:
-        seq.slot = heapq.heappop(self.free_slots)
-
-    def free(self, seq: Sequence) -> None:
-        heapq.heappush(self.free_slots, seq.slot)
-        seq.slot = None
-
-    @property
-    def usage(self) -> float:
-        return 1 - len(self.free_slots) / self.max_num_seqs
 
 
 @dataclass
@@ -71,7 +48,7 @@ def simulate(cost_model, prompt_lens: Seq[int], output_lens: Seq[int], *, policy
             raise ValueError(f"a request of {n_in} prompt + {n_out} output tokens does not fit: each needs >= 1 and "
                              f"their sum <= max_model_len={max_model_len}")
     policy = make_policy(policy) if isinstance(policy, str) else policy
-    scheduler = Scheduler(policy, Limits(max_num_seqs, max_num_batched_tokens), CountingKVStore(max_num_seqs, max_model_len),
+    scheduler = Scheduler(policy, Limits(max_num_seqs, max_num_batched_tokens), SlotKVStore(max_num_seqs, max_model_len),
                           set(), max_model_len)
     if not scheduler.policy.splits_prompts and max(prompt_lens) > max_num_batched_tokens:
         raise ValueError(f"policy {scheduler.policy.name!r} prefills whole prompts, and {max(prompt_lens)} tokens exceed "

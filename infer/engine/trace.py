@@ -12,7 +12,6 @@ from dataclasses import dataclass
 from infer.engine.kv_store import SlotKVStore
 from infer.engine.scheduler import Limits, Policy, Scheduler, make_policy
 from infer.engine.sequence import SamplingParams, Sequence
-from infer.kv_cache import KVCache
 
 
 @dataclass(frozen=True)
@@ -60,7 +59,7 @@ def run_trace(trace: list[TraceRequest], policy: str | Policy, max_num_seqs: int
     """Step the scheduler over `trace` until every request has finished."""
     policy = make_policy(policy) if isinstance(policy, str) else policy
     max_len = max(r.prompt_len + r.output_len for r in trace)
-    store = SlotKVStore(KVCache(num_layers=0, max_seqs=max_num_seqs, max_len=max_len, kv_heads=1, head_dim=1))
+    store = SlotKVStore(max_num_seqs, max_len)
     scheduler = Scheduler(policy, Limits(max_num_seqs, max_num_batched_tokens), store, set(), max_len)
     sequences = [Sequence(str(i), [1] * r.prompt_len, SamplingParams(max_tokens=r.output_len, ignore_eos=True), r.arrival_step)
                  for i, r in enumerate(trace)]

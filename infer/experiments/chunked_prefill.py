@@ -19,6 +19,7 @@ from infer.engine.replay import arrival_offsets, replay
 from infer.engine.step_costs import StepRecorder, StepTrace
 from infer.kv_cache import KVCache
 from infer.metrics import calculate_metrics
+from infer.paged_attention import PagedKV
 from infer.records import RequestRecord
 from infer.timing import benchmark
 
@@ -146,15 +147,15 @@ def time_step_kinds(model, num_tokens: int, context: int, *, repeats: int = 15) 
         slots = [chunk_slot] * num_prefill + list(range(num_decodes))
         token_ids = torch.randint(model.arch.vocab_size, (len(slots),), device=device)
         rows = ([num_prefill - 1] if num_prefill else []) + list(range(num_prefill, num_prefill + num_decodes))
-        args = (token_ids, torch.tensor(positions), cache, torch.tensor(slots))
-        return lambda: model(*args, logits_rows=torch.tensor(rows, device=device))
+        kv = PagedKV.for_slots(cache, torch.tensor(positions), torch.tensor(slots))  # as the engine's runner builds it
+        return lambda: model(token_ids, torch.tensor(positions), kv, logits_rows=torch.tensor(rows, device=device))
 
     kinds = {"prefill_only": step(num_tokens, 0), "decode_only": step(0, num_tokens), "mixed": step(half, half),
              "prefill_half": step(half, 0), "decode_half": step(0, half)}
     samples = {name: [] for name in kinds}
     for _ in range(repeats):
         for name, fn in kinds.items():
-            samples[name] += benchmark(fn, warmup=1, repeats=1).samples_ms
+            samples[name] += benchmark(fn, device=device, warmup=1, repeats=1).samples_ms
     medians = {name: sorted(values)[len(values) // 2] for name, values in samples.items()}
     medians["separate_halves"] = medians["prefill_half"] + medians["decode_half"]
     medians["mixing_gain"] = medians["separate_halves"] / medians["mixed"] - 1

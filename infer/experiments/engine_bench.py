@@ -32,6 +32,7 @@ from infer.experiments.hf_batching import continuous_batched_generate, static_ba
 from infer.metrics import calculate_metrics, results_dir
 from infer.model import Transformer
 from infer.models import load_model
+from infer.paged_attention import PagedKV
 from infer.plotting import save_figure
 from infer.profiles import pick_profile
 from infer.prompts import random_prompt_ids
@@ -139,7 +140,8 @@ def decode_step_costs(lm, model, batch: int = MAX_NUM_SEQS, context: int = 288, 
     cache = engine.kv_store.cache
     tokens = torch.randint(0, 250, (batch,), device=device)
     positions, slots = torch.full((batch,), context), torch.arange(batch)
-    bare = benchmark(lambda: model(tokens, positions, cache, slots, logits_rows=torch.arange(batch, device=device)),
+    kv = PagedKV.for_slots(cache, positions, slots)  # the step's block tables, as the engine's runner builds them
+    bare = benchmark(lambda: model(tokens, positions, kv, logits_rows=torch.arange(batch, device=device)),
                      device=device, warmup=2, repeats=repeats)
 
     hf_cache = hf.new_cache(lm.model)
