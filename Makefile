@@ -83,11 +83,14 @@ $(VLLM_INSTALLED):
 gpu-env-check: $(INSTALLED)
 	$(PY) -m infer.course.gpu_env_check --vllm $(VLLM_CUDA)
 
-# The first run on a real GPU: the GPU-only tests, then every notebook on the gpu profile, all
-# saved with provenance under GPU_CHECK_OUT. Without CUDA it says so and fails.
+# The first run on a real GPU, planned to fit 10 minutes: the plan, the GPU-only tests, this GPU's
+# step times, then every notebook that fits on the gpu-check profile, all saved with provenance
+# under GPU_CHECK_OUT (summary.txt: ran / FAILED / skipped, times, reasons). Without CUDA it says so
+# and fails. DRY=1 prints the plan on any machine; WEIGHTS=auto|pretrained (default random).
 GPU_CHECK_OUT ?= _build/gpu-check
+WEIGHTS ?= random
 gpu-check: $(INSTALLED)
-	$(PY) -m infer.course.gpu_check --out $(GPU_CHECK_OUT)
+	$(PY) -m infer.course.gpu_check --out $(GPU_CHECK_OUT) --weights $(WEIGHTS) $(if $(DRY),--dry-run)
 
 # Week 05's benchmark: the engine against transformers' batchers, one run, side by side (minutes).
 bench: $(INSTALLED)

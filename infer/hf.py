@@ -1,6 +1,7 @@
 """The few `transformers` APIs the course leans on, in one place, because they move between
 releases (5.x renames `past_key_values` to `cache`). tests/test_hf.py pins their behaviour."""
 
+import copy
 import inspect
 
 import torch
@@ -45,3 +46,12 @@ def greedy_generate(model, prompt_ids: torch.Tensor, max_new_tokens: int, stream
     out = model.generate(prompt_ids, attention_mask=torch.ones_like(prompt_ids), generation_config=config,
                          streamer=streamer)
     return out[:, prompt_ids.shape[1]:]
+
+
+def float32_copy(model):
+    """`model` itself when it is float32, else a float32 copy of it (on the same device).
+
+    Token-for-token comparisons with `greedy_generate` run in float32: in bf16 a cached and an
+    uncached path (or two implementations) round differently, and with random weights a near-tie
+    argmax can flip without any bug."""
+    return model if next(model.parameters()).dtype == torch.float32 else copy.deepcopy(model).float()

@@ -90,7 +90,10 @@ def load_model(name: str | None = None, profile: Profile | None = None, *, weigh
         raise ValueError(f"weights must be 'auto', 'pretrained' or 'random', not {weights!r} ({asked_by} it)")
     spec = MODEL_SPECS[name]
 
-    source, why_not = (None, f"{asked_by} random weights") if weights == "random" else _pretrained_source(spec, local_path)
+    if weights == "random":
+        source, why_not = None, f"{asked_by} random weights"
+    else:
+        source, why_not = _pretrained_source(spec, local_path)
     if source is None and weights == "pretrained":
         raise RuntimeError(f"Pretrained weights for {name!r} are not available: {why_not}")
 

@@ -6,7 +6,12 @@ on a CPU. It keeps what the gpu profile's code paths depend on (bf16, a Qwen2-fa
 seed's grid structure: two input lengths 1:4, one output length, concurrency doubling up to 32)
 and cuts every size so that a 2-core CPU runs each notebook in seconds. CI executes every notebook
 under it, so a gpu-profile branch that breaks is caught before a student's first GPU session.
-Its timings mean nothing; every header and figure says `profile: gpu-dryrun`."""
+Its timings mean nothing; every header and figure says `profile: gpu-dryrun`.
+
+A fourth, `gpu-check`, is the gpu profile at the sizes of `make gpu-check`, the course's first run
+on a GPU, which has 10 minutes for every notebook (infer/course/gpu_plan.py): the same model,
+dtype, device and SLOs, with 16-token outputs, concurrency up to 8 and fewer repeats. It is never
+picked by the hardware either, and its headers and results say `gpu-check`, not `gpu`."""
 
 import os
 from dataclasses import dataclass, replace
@@ -70,6 +75,15 @@ PROFILES = {
         device="cuda",
         # The seed's grid: 2048 input / 64 output tokens, concurrency up to 32, 200 prompts.
         grid=BenchmarkGrid(input_lens=(512, 2048), output_lens=(64,), concurrency=(1, 2, 4, 8, 16, 32), num_prompts=200),
+        slo=SLO(ttft_ms=500.0, tpot_ms=20.0),
+    ),
+    "gpu-check": Profile(
+        name="gpu-check",
+        model_name="qwen2.5-1.5b",
+        dtype=torch.bfloat16,
+        device="cuda",
+        # The gpu grid's input lengths, with outputs, concurrency and prompts cut to fit a 10-minute check.
+        grid=BenchmarkGrid(input_lens=(512, 2048), output_lens=(16,), concurrency=(1, 4, 8), num_prompts=16),
         slo=SLO(ttft_ms=500.0, tpot_ms=20.0),
     ),
     "gpu-dryrun": Profile(

@@ -177,6 +177,7 @@ class RooflineProbe:
 ROOFLINE_PROBES = {
     "cpu": RooflineProbe(matmul_size=1024, matmul_dtype=torch.float32, copy_megabytes=64, repeats=5),
     "gpu": RooflineProbe(matmul_size=8192, matmul_dtype=torch.bfloat16, copy_megabytes=1024, repeats=10),
+    "gpu-check": RooflineProbe(matmul_size=8192, matmul_dtype=torch.bfloat16, copy_megabytes=1024, repeats=10),  # < 1 s
     # The gpu probe's bf16 matmul at a size a CPU does in milliseconds (the gpu-dryrun stand-in).
     "gpu-dryrun": RooflineProbe(matmul_size=256, matmul_dtype=torch.bfloat16, copy_megabytes=16, repeats=3),
 }

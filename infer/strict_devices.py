@@ -186,7 +186,7 @@ def _course_caller(course_code):
 
 
 def _where(frame) -> str:
-    """`infer/generate.py:54 \`the line\``, or `a notebook cell, line 7 \`the line\``."""
+    """Where a frame stands, with its source line: "infer/generate.py:54 `...`", "a notebook cell, line 7 `...`"."""
     filename = frame.f_code.co_filename
     if "/ipykernel_" in filename:
         place = f"a notebook cell, line {frame.f_lineno}"

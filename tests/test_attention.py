@@ -7,10 +7,13 @@ import sys
 import pytest
 import torch
 
-from infer.attention import (IMPLEMENTATIONS, TOLERANCES, SoftmaxState, block_state, check_exactness, empty_state,
-                             finalize, merge_states, naive_attention, random_qkv, reference_attention, relative_error,
-                             tiled_attention)
-from infer.experiments.attention_bench import SweepConfig, TensorBytes, run_sweep
+from infer.attention import (IMPLEMENTATIONS, TOLERANCES, AttentionImpl, SoftmaxState, block_state, check_exactness,
+                             empty_state, finalize, flash_attn_import_problem, merge_states, naive_attention,
+                             random_qkv, reference_attention, relative_error, tiled_attention)
+from infer.attention_triton import (SHARED_MEMORY_BUDGET, SUPPORTED_DTYPES, SUPPORTED_HEAD_DIMS, LaunchConfig,
+                                    launch_config)
+from infer.availability import YES
+from infer.experiments.attention_bench import SweepConfig, TensorBytes, format_table, run_sweep
 from tests.notebook_files import REPO_ROOT
 
 CPU_DTYPES = [torch.float32, torch.bfloat16, torch.float16]
@@ -100,6 +103,50 @@ def test_sweep_refuses_naive_over_the_cpu_budget_and_goes_on():
     refused = result.point("naive", 256)
     assert refused.status == "oom" and "budget" in refused.note, refused
     assert result.point("tiled", 256).status == "ok", "the other implementations must still run at that length"
+
+
+def test_one_failing_implementation_is_recorded_and_the_sweep_goes_on():
+    """Before issue 22 the sweep caught only out-of-memory: a flash-attn build that fails at its first
+    call, or a Triton kernel out of shared memory, ended week 04's sweep."""
+    def broken(q, k, v, causal=False):
+        raise ImportError("flash_attn_2_cuda.so: undefined symbol: _ZN3c104cuda9SetDeviceEi")
+
+    impls = {"broken": AttentionImpl("broken", broken, "fails at its first call", lambda *a: YES, False),
+             "tiled": IMPLEMENTATIONS["tiled"]}
+    config = SweepConfig(seq_lens=(64,), batch=1, heads=1, head_dim=16, dtype=torch.float32, device="cpu",
+                         warmup=0, repeats=1)
+    result = run_sweep(impls, config, progress=False)
+    failed = result.point("broken", 64)
+    assert failed.status == "failed" and failed.note.startswith("ImportError: flash_attn_2_cuda.so"), failed
+    assert result.point("tiled", 64).status == "ok", "the other implementations must still run"
+    assert "FAILED" in format_table(result)
+
+
+def test_a_flash_attn_build_that_does_not_import_is_unavailable_with_the_reason(tmp_path, monkeypatch):
+    """find_spec finds a broken build too; only importing it tells (issue 22, item 10)."""
+    package = tmp_path / "flash_attn"
+    package.mkdir()
+    (package / "__init__.py").write_text("raise ImportError('flash_attn_2_cuda.so: undefined symbol: _ZN3c10')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "flash_attn", raising=False)
+    flash_attn_import_problem.cache_clear()
+    try:
+        verdict = IMPLEMENTATIONS["flash-attn"].available("cuda", torch.bfloat16, 128)
+    finally:
+        flash_attn_import_problem.cache_clear()
+    assert not verdict and "installed but does not import (ImportError: flash_attn_2_cuda.so" in verdict.reason, verdict
+
+
+def test_triton_launch_configs_fit_in_shared_memory():
+    """Triton's default of 3 pipeline stages of 64-key tiles needs 224 KiB in float32 at head_dim 128
+    (the gpu model's): more than an A100 or L4 gives a block (issue 22, item 11)."""
+    assert LaunchConfig(64, 64, 3).tile_bytes(torch.float32, 128) == 224 * 1024
+    for dtype in SUPPORTED_DTYPES:
+        for head_dim in SUPPORTED_HEAD_DIMS:
+            config = launch_config(dtype, head_dim)
+            assert config.tile_bytes(dtype, head_dim) <= SHARED_MEMORY_BUDGET, (dtype, head_dim, config)
+    assert launch_config(torch.float32, 128).num_stages < 3
+    assert launch_config(torch.bfloat16, 64).num_stages == 3, "small tiles keep the deepest pipeline"
 
 
 def test_unavailable_implementations_say_why():

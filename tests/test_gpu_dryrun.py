@@ -1,5 +1,8 @@
 """Every lecture and solution executes top to bottom on `gpu-dryrun`, the gpu profile's CPU
-stand-in (bf16, a Qwen2-family model, the seed's grid structure at CPU sizes; infer/profiles.py).
+stand-in (bf16, a Qwen2-family model, the seed's grid structure at CPU sizes; infer/profiles.py),
+in the strict-devices mode (infer/strict_devices.py): a tensor the course makes without a device,
+a prompt drawn on the host that reaches the model's weights, or an op across devices fails here
+as it would on a GPU.
 
 The gpu profile itself refuses to run without CUDA, so without this test its branches (the bf16
 dtype, the Qwen2 shapes, its size tables, its grid) would first run on a student's GPU. Copies
@@ -17,7 +20,7 @@ NOTEBOOKS = course_notebooks()
 
 @pytest.mark.parametrize("notebook", NOTEBOOKS, ids=[f"{p.parent.name}/{p.name}" for p in NOTEBOOKS])
 def test_notebook_runs_on_the_gpu_stand_in(notebook, tmp_path):
-    run = run_notebook(notebook, "gpu-dryrun", tmp_path)
+    run = run_notebook(notebook, "gpu-dryrun", tmp_path, strict_devices=True)
     assert run.error is None, f"{run.notebook} fails on the gpu profile's stand-in: {run.error} (executed copy: {run.executed})"
     if "pick_profile" in notebook.read_text():
         assert "gpu-dryrun" in run.output_text, (

@@ -4,13 +4,16 @@ skips with its one-line reason; `make gpu-check` runs them on a GPU (with the Tr
 from test_attention.py). The gpu-dryrun profile covers the same code paths on a CPU in CI."""
 
 import subprocess
+import time
 
 import pytest
 import torch
 
-from infer import memory
+from infer import hf, memory
 from infer.attention import IMPLEMENTATIONS, check_exactness
+from infer.course.exercises.week01 import grade_naive_loop
 from infer.experiments.attention_bench import SweepConfig, peak_bytes, predicted_naive_bytes
+from infer.generate import naive_greedy_generate
 from infer.kv_cache import KVCache
 from infer.model import Transformer
 from infer.models import load_model
@@ -88,6 +91,23 @@ def test_naive_attention_peak_memory_is_its_score_matrices():
     predicted = predicted_naive_bytes(config, 4096)
     assert naive >= 0.9 * predicted, f"naive attention peaked at {naive:,} bytes; its S, P and mask alone are {predicted:,}"
     assert flash < naive / 10, f"the flash kernel ({flash:,} bytes) should not hold an N x N matrix (naive: {naive:,})"
+
+
+def test_the_naive_loop_check_rejects_timestamps_taken_without_synchronizing(gpu_model):
+    """Lab 01: on a GPU, a timestamp taken while the token is still being computed measures the
+    queueing of kernels, not the token (issue 22, item 3)."""
+    def unsynchronized(model, prompt_ids, max_new_tokens, timestamps=None):
+        sequence = prompt_ids
+        for _ in range(max_new_tokens):
+            next_token = hf.forward(model, sequence)[:, -1, :].argmax(dim=-1, keepdim=True)
+            sequence = torch.cat([sequence, next_token], dim=1)
+            if timestamps is not None:
+                timestamps.append(time.perf_counter())
+        return sequence[:, prompt_ids.shape[1]:]
+
+    assert grade_naive_loop(naive_greedy_generate, gpu_model.model).ok, "the library's loop synchronizes"
+    verdict = grade_naive_loop(unsynchronized, gpu_model.model)
+    assert not verdict.ok and "synchronize the device" in verdict.line, verdict.line
 
 
 def test_vllm_cuda_build_sees_the_gpu():

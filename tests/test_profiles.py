@@ -12,7 +12,7 @@ def test_override_by_environment(monkeypatch):
 
 def test_unknown_override_lists_valid_profiles(monkeypatch):
     monkeypatch.setenv("INFER_PROFILE", "tpu")
-    with pytest.raises(ValueError, match="valid profiles: cpu, gpu, gpu-dryrun"):
+    with pytest.raises(ValueError, match="valid profiles: cpu, gpu, gpu-check, gpu-dryrun"):
         pick_profile()
 
 
@@ -70,3 +70,16 @@ def test_gpu_dryrun_model_is_a_small_grouped_query_qwen2():
     assert config.num_key_value_heads < config.num_attention_heads  # grouped-query attention, as in Qwen2.5
     assert config.tie_word_embeddings
     assert config.hidden_size * config.num_hidden_layers <= 1024  # seconds, not minutes, on two cores
+
+
+def test_gpu_check_is_the_gpu_profile_at_smaller_sizes():
+    gpu, check = PROFILES["gpu"], PROFILES["gpu-check"]
+    assert (check.model_name, check.dtype, check.device, check.slo) == (gpu.model_name, gpu.dtype, gpu.device, gpu.slo)
+    assert check.grid.input_lens == gpu.grid.input_lens, "the seed's prompt lengths, as the gpu profile's"
+    assert max(check.grid.output_lens) < max(gpu.grid.output_lens) and check.grid.num_prompts < gpu.grid.num_prompts
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without CUDA")
+def test_gpu_check_profile_refused_without_cuda():
+    with pytest.raises(RuntimeError, match="needs a CUDA GPU"):
+        pick_profile("gpu-check")

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from infer.prompts import random_prompt_ids
-from infer.strict_devices import StrictDeviceError, StrictDevices, is_course_code
+from infer.strict_devices import HOST_MARK, StrictDeviceError, StrictDevices, is_course_code
 from tests.notebook_files import REPO_ROOT
 
 
@@ -64,3 +64,37 @@ def test_import_infer_switches_the_mode_on_when_asked():
     done = subprocess.run([sys.executable, "-c", probe], cwd=REPO_ROOT, env=env, capture_output=True, text=True,
                           timeout=120)
     assert done.stdout.strip() == "['StrictDevices']", done.stderr[-2000:]
+
+
+def test_week05_baseline_hands_generate_prompts_on_the_models_device(tiny, monkeypatch):
+    """Issue 22, item 9: batching_study.sequential_baseline timed host prompts (no device sync)."""
+    from infer.experiments import batching_study
+
+    handed = []
+
+    def serve(model, prompts, output_len, concurrency):
+        handed.append(getattr(prompts, HOST_MARK, False))
+        raise StopIteration  # one look is enough
+
+    monkeypatch.setattr(batching_study, "run_sequential_server", serve)
+    with strict(), pytest.raises(StopIteration):
+        batching_study.sequential_baseline(tiny.model, tiny.config, batching_study.STUDY_SIZES["cpu"])
+    assert handed == [False], "the prompts were still host tensors: move them with .to(hf_model.device)"
+
+
+def test_the_mixing_study_synchronizes_its_timings(tiny, monkeypatch):
+    """Issue 22, item 9: chunked_prefill timed its steps without device=, so nothing synchronized."""
+    from infer.experiments import chunked_prefill
+    from infer.model import Transformer
+    from infer.timing import benchmark
+
+    devices = []
+
+    def watched(fn, **kwargs):
+        devices.append(kwargs.get("device"))
+        return benchmark(fn, **kwargs)
+
+    monkeypatch.setattr(chunked_prefill, "benchmark", watched)
+    model = Transformer.from_hf(tiny.model)
+    chunked_prefill.time_step_kinds(model, num_tokens=4, context=8, repeats=1)
+    assert devices and all(d == model.embed.weight.device for d in devices), devices

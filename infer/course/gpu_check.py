@@ -1,39 +1,54 @@
-"""`make gpu-check`: the course's first run on a real GPU, in one command.
+"""`make gpu-check`: the course's first run on a real GPU, in one command, within 10 minutes.
 
-1. The GPU-only tests (tests/test_gpu_only.py: the gpu profile's model in bf16, SDPA backends,
+1. The plan (infer/course/gpu_plan.py): each notebook's estimated time, the sizes it runs at,
+   what fits and what is skipped and why. Printed first; `--dry-run` (make gpu-check DRY=1)
+   prints it on any machine and stops there.
+2. The GPU-only tests (tests/test_gpu_only.py: the gpu profile's model in bf16, SDPA backends,
    flash-attn, the CUDA allocator, vLLM's CUDA build; and the Triton kernel on CUDA), with a
    JUnit report.
-2. Every lecture and solution executed on the gpu profile (infer.course.profile_run).
+3. This GPU's step times, measured in seconds, and the plan made again with them.
+4. The notebooks on the `gpu-check` profile (the gpu profile's model at smaller sizes), in course
+   order, each while its estimate fits what is left of the budget, each cell within a time limit.
+   Every notebook loads random weights unless --weights says otherwise: no download surprises the
+   budget, and the summary says which.
 
-Everything lands in one folder (default _build/gpu-check): tests.xml and tests.log, notebooks/
-(the executed copies), figures/ and results/ (each stamped with its provenance), provenance.json
-(GPU, driver, versions, commit) and summary.txt, which ends with what could not run and why.
-It is meant to take under 10 minutes on one H100 or H200. Without CUDA it says so in one line
-and exits with status 2: nothing here fakes a GPU result."""
+Everything lands in one folder (default _build/gpu-check): plan.txt, tests.xml and tests.log,
+notebooks/ (the executed copies), figures/ and results/ (each stamped with its provenance),
+provenance.json (GPU, driver, versions, commit) and summary.txt, written even when something
+fails: each notebook ran, FAILED or was skipped, with its time and why. Without CUDA (and without
+--dry-run) it says so in one line and exits with status 2: nothing here fakes a GPU result."""
 
 import argparse
+import gc
 import json
 import shutil
+import statistics
 import subprocess
 import sys
 import time
 import xml.etree.ElementTree as ET
+from dataclasses import replace
 from pathlib import Path
 
 import torch
 
-from infer.course.profile_run import REPO_ROOT, course_notebooks, run_notebook
+from infer.course.gpu_plan import ASSUMED_H100, BUDGET_S, CHECK_PROFILE, StepTimes, format_plan, plan
+from infer.course.notebooks import CELL_TIMEOUT_S
+from infer.course.profile_run import (REPO_ROOT, course_notebooks, run_notebook, shown_path, skipped_line,
+                                      write_summary)
+from infer.profiles import PROFILES, Profile
 from infer.provenance import git_commit, nvidia_driver_version, versions, vllm_version
 
 GPU_TESTS = ["tests/test_gpu_only.py", "tests/test_attention.py::test_triton_kernel_on_cuda"]
-BUDGET_S = 600  # the promise in README.md: one H100/H200 runs all of it within 10 minutes
+MIN_CELL_LIMIT_S = 60  # a notebook's cells get twice its estimate, never less than this, never past the budget
 
 
 def no_cuda_reason() -> str | None:
     if torch.cuda.is_available():
         return None
     build = f"CUDA {torch.version.cuda} build" if torch.version.cuda else "a CPU-only build"
-    return f"make gpu-check needs a CUDA GPU, and torch {torch.__version__} ({build}) sees none; nothing was run."
+    return (f"make gpu-check needs a CUDA GPU, and torch {torch.__version__} ({build}) sees none; nothing was run "
+            f"(make gpu-check DRY=1 prints its plan).")
 
 
 def machine_provenance() -> dict:
@@ -63,41 +78,107 @@ def run_gpu_tests(out_dir: Path) -> tuple[list[str], list[str]]:
     return failures, skips
 
 
+def measure_step_times(profile: Profile, assumed: StepTimes, gpu_tests_s: float,
+                       prompt_len: int = 4096) -> StepTimes:
+    """The plan's step times, measured here on `profile`'s model with random weights (seconds):
+    a transformers decode step, a step of the course's model, and a long prefill per 1,000 tokens."""
+    from infer.experiments.prefill_decode import decode_step_ms, prefill_ms
+    from infer.generate import cached_greedy_generate
+    from infer.kv_cache import KVCache
+    from infer.model import Transformer
+    from infer.models import describe_device, load_model
+    from infer.prompts import random_prompt_ids
+
+    lm = load_model(profile=profile, weights="random", quiet=True)
+    prompt = random_prompt_ids(lm.config, prompt_len, seed=0).to(lm.device)
+    hf_decode = decode_step_ms(lm.model, prompt[:, :256], repeats=10).median_ms
+    prefill = prefill_ms(lm.model, prompt, repeats=3).median_ms
+    model = Transformer.from_hf(lm.model)
+    stamps: list[float] = []
+    for _ in range(2):  # the first run pays for allocations and kernel selection
+        stamps.clear()
+        cached_greedy_generate(model, prompt[:, :16], 17, KVCache.for_model(model, 1, 33), timestamps=stamps)
+    course_step = statistics.median(later - earlier for earlier, later in zip(stamps, stamps[1:])) * 1e3
+    where = f"measured on {describe_device(lm.device)}"
+    del lm, model
+    gc.collect()
+    torch.cuda.empty_cache()  # the notebooks that follow get the whole card
+    return replace(assumed, hf_decode_ms=hf_decode, course_step_ms=course_step,
+                   prefill_ms_per_1k=prefill / prompt_len * 1000, gpu_tests_s=gpu_tests_s,
+                   sources={**assumed.sources,
+                            "hf_decode_ms": f"{where}: median of 10 steps on a 256-token context",
+                            "course_step_ms": f"{where}: median gap between 16 tokens of cached_greedy_generate",
+                            "prefill_ms_per_1k": f"{where}: a {prompt_len}-token prefill, median of 3",
+                            "gpu_tests_s": "measured: the GPU-only tests above, as they ran"})
+
+
+def cell_limit_s(estimate_s: float, left_s: float) -> int:
+    """A notebook's cells get twice its estimate (at least MIN_CELL_LIMIT_S), never past what is left."""
+    return int(max(1, min(CELL_TIMEOUT_S, max(MIN_CELL_LIMIT_S, 2 * estimate_s), left_s)))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=REPO_ROOT / "_build" / "gpu-check")
+    parser.add_argument("--dry-run", action="store_true", help="print the plan (assumed step times) and stop")
+    parser.add_argument("--weights", choices=("random", "auto", "pretrained"), default="random",
+                        help="the weights every notebook loads (default: random, no download)")
     args = parser.parse_args(argv)
+    notebooks = [str(shown_path(p)) for p in course_notebooks()]
+    if args.dry_run:
+        print(format_plan(plan(notebooks, ASSUMED_H100), ASSUMED_H100))
+        print("\nA dry run: nothing was run. On a GPU, make gpu-check measures the step times first and plans again.")
+        return 0
     reason = no_cuda_reason()
     if reason:
         print(reason)
         return 2
+    return run_check(args.out, notebooks, args.weights)
+
+
+def run_check(out: Path, notebooks: list[str], weights: str) -> int:
     started = time.perf_counter()
-    shutil.rmtree(args.out, ignore_errors=True)
-    args.out.mkdir(parents=True)
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir(parents=True)
     meta = machine_provenance()
-    (args.out / "provenance.json").write_text(json.dumps(meta, indent=2) + "\n")
-    print(f"gpu-check on {meta['gpu']} (driver {meta['driver']}, torch {meta['torch']}) -> {args.out}", flush=True)
-
-    failures, skips = run_gpu_tests(args.out)
-    print(f"GPU-only tests: {len(failures)} failed, {len(skips)} skipped (tests.log)", flush=True)
-    notebook_lines, notebook_skips = [], []
-    for notebook in course_notebooks():
-        run = run_notebook(notebook, "gpu", args.out)
-        print(run.line, flush=True)
-        notebook_lines.append(run.line)
-        if run.error:
-            failures.append(run.line)
-        notebook_skips += [f"{run.notebook}: {line}" for line in run.skip_lines]
-    elapsed = time.perf_counter() - started
-
-    summary = [f"gpu-check: {meta['gpu']}, {meta['date']}, commit {meta['commit']}, {elapsed / 60:.1f} min"
-               f"{'' if elapsed <= BUDGET_S else f' (over the {BUDGET_S // 60}-minute budget)'}",
-               "", "Notebooks on the gpu profile:", *notebook_lines,
-               "", "Failed:", *(failures or ["nothing"]),
-               "", "Could not run, and why:", *(skips + notebook_skips or ["nothing"])]
-    (args.out / "summary.txt").write_text("\n".join(summary) + "\n")
-    print("\n".join(summary[summary.index("Failed:"):]))
-    print(f"Everything is in {args.out}; summary.txt holds this list.")
+    (out / "provenance.json").write_text(json.dumps(meta, indent=2) + "\n")
+    print(f"gpu-check on {meta['gpu']} (driver {meta['driver']}, torch {meta['torch']}) -> {out}", flush=True)
+    print(format_plan(plan(notebooks, ASSUMED_H100), ASSUMED_H100) + "\n", flush=True)
+    failures, skips, lines = [], [], []
+    try:
+        failures, skips = run_gpu_tests(out)
+        tests_s = time.perf_counter() - started
+        lines.append(f"GPU-only tests: {len(failures)} failed, {len(skips)} skipped ({tests_s:.0f} s; tests.log)")
+        print(lines[-1], flush=True)
+        times = measure_step_times(PROFILES[CHECK_PROFILE], ASSUMED_H100, tests_s)
+        plans = plan(notebooks, times, left_s=BUDGET_S - (time.perf_counter() - started))
+        (out / "plan.txt").write_text(format_plan(plans, times) + "\n")
+        print(f"\nThe plan again, with this GPU's step times (plan.txt):\n{format_plan(plans, times)}\n", flush=True)
+        for p in plans:
+            left = BUDGET_S - (time.perf_counter() - started)
+            if p.skip_reason or p.seconds > left:
+                lines.append(skipped_line(p.notebook, p.skip_reason or f"estimated {p.seconds:.0f} s, {left:.0f} s "
+                                                                        f"of the budget left"))
+            else:
+                run = run_notebook(REPO_ROOT / p.notebook, CHECK_PROFILE, out, weights=weights,
+                                   cell_timeout_s=cell_limit_s(p.seconds, left))
+                lines.append(run.summary_line(estimated_s=p.seconds))
+                failures += [run.line] if run.error else []
+                skips += [f"{run.notebook}: {line}" for line in run.skip_lines]
+            print(lines[-1], flush=True)
+    except Exception as exc:  # noqa: BLE001 - the summary is written whatever stops the check
+        failures.append(f"gpu-check itself stopped: {type(exc).__name__}: {exc}")
+        raise
+    finally:
+        elapsed = time.perf_counter() - started
+        header = [f"gpu-check: {meta['gpu']}, {meta['date']}, commit {meta['commit']}, {elapsed / 60:.1f} min of "
+                  f"{BUDGET_S / 60:.0f}{'' if elapsed <= BUDGET_S else ' (OVER the budget)'}",
+                  f"notebooks on the {CHECK_PROFILE} profile (the gpu profile's model at the sizes of plan.txt), "
+                  f"{weights} weights (--weights)"]
+        tail = ["", "Failed:", *(failures or ["nothing"]), "", "Could not run, and why:", *(skips or ["nothing"])]
+        summary = write_summary(out, header, lines + tail)
+        print("\n".join(tail[1:]))
+        print(f"Everything is in {out}; {summary.name} holds this list.")
     return 0 if not failures else 1
 
 

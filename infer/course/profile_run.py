@@ -54,8 +54,13 @@ class NotebookRun:
 
     @property
     def line(self) -> str:
+        return self.summary_line()
+
+    def summary_line(self, estimated_s: float | None = None) -> str:
+        """`ran     weeks/01_x.ipynb (12 s)`, or `FAILED  ... (300 s, estimated 40 s): the error`."""
         status = "ran    " if self.error is None else "FAILED "
-        return f"{status} {self.notebook} ({self.seconds:.0f} s)" + (f": {self.error}" if self.error else "")
+        estimate = "" if estimated_s is None else f", estimated {estimated_s:.0f} s"
+        return f"{status} {self.notebook} ({self.seconds:.0f} s{estimate})" + (f": {self.error}" if self.error else "")
 
 
 def skipped_line(notebook: Path, reason: str) -> str:

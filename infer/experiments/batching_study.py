@@ -108,7 +108,7 @@ def sequential_baseline(hf_model, config, sizes: StudySizes, levels: tuple[int, 
     """Week 03's baseline, rerun in the same session: `transformers`' generate() serving one
     request at a time (infer.experiments.sequential_baseline.run_sequential_server) at a few concurrency levels of the
     sweep's shape. One-at-a-time throughput does not grow with concurrency, so a few levels show it."""
-    prompts = random_prompt_ids(config, sizes.sweep_input_len, batch=rounds * max(levels), seed=7)
+    prompts = random_prompt_ids(config, sizes.sweep_input_len, batch=rounds * max(levels), seed=7).to(hf_model.device)
     run_sequential_server(hf_model, prompts[:1], sizes.sweep_output_len, 1)  # warm-up
     return [{"concurrency": level, **calculate_metrics(run_sequential_server(
                 hf_model, prompts[:rounds * level], sizes.sweep_output_len, level))}

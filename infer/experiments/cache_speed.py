@@ -39,6 +39,8 @@ SPEED_SIZES = {
     "cpu": SpeedSizes(prompt_len=16, output_lens=(16, 32, 64, 128), repeats=3),
     # The 1.5B model on one GPU: long enough for the naive loop's quadratic term to show.
     "gpu": SpeedSizes(prompt_len=256, output_lens=(64, 128, 256, 512), repeats=2),
+    # make gpu-check's 10 minutes: the gpu race's prompt, a quarter of its output lengths, one run each.
+    "gpu-check": SpeedSizes(prompt_len=256, output_lens=(16, 32, 64, 128), repeats=1),
     # The gpu race's shape, cut down for the gpu-dryrun profile's stand-in run on a CPU.
     "gpu-dryrun": SpeedSizes(prompt_len=16, output_lens=(4, 8, 16, 32), repeats=1),
 }

@@ -8,7 +8,6 @@
 - `sweep_prefill_decode` and the plots: the experiments of the week 01 lecture, sized by profile.
 """
 
-import copy
 import time
 from dataclasses import dataclass
 
@@ -70,7 +69,7 @@ def compare_with_generate(model, config, loop=naive_greedy_generate, *, prompt_l
     Greedy decoding is deterministic, so a correct loop agrees token for token. The comparison runs
     in float32: in bf16 the cached (generate) and uncached (naive) paths round differently, and with
     random weights a near-tie argmax can flip without any bug."""
-    fp32_model = model if next(model.parameters()).dtype == torch.float32 else copy.deepcopy(model).float()
+    fp32_model = hf.float32_copy(model)
     device = next(model.parameters()).device
     for i, length in enumerate(prompt_lens):
         prompt = random_prompt_ids(config, length, seed=seed + i).to(device)
@@ -105,6 +104,9 @@ PHASE_SIZES = {
     # A 1.5B model on one GPU: up to 8192-token prompts, where prefill is clearly compute-bound.
     "gpu": PhaseSizes(sweep_prompt_lens=(128, 256, 512, 1024, 2048, 4096, 8192), prefill_repeats=10, decode_repeats=20,
                       naive_prompt_len=1024, naive_new_tokens=128),
+    # make gpu-check's 10 minutes: the gpu sweep's range in four steps, fewer repeats, a shorter naive run.
+    "gpu-check": PhaseSizes(sweep_prompt_lens=(128, 512, 2048, 8192), prefill_repeats=3, decode_repeats=5,
+                            naive_prompt_len=1024, naive_new_tokens=32),
     # The gpu sweep's shape (seven doublings) on the dry run's 0.9M Qwen2 in bf16: seconds on a CPU.
     "gpu-dryrun": PhaseSizes(sweep_prompt_lens=(4, 8, 16, 32, 64, 128, 256), prefill_repeats=2, decode_repeats=3,
                              naive_prompt_len=64, naive_new_tokens=16),

@@ -122,6 +122,8 @@ class BaselineSizes:
 BASELINE_SIZES = {
     "cpu": BaselineSizes(min_prompts=40, rounds=2, warmup=1),  # p50, p90 and p95 supported
     "gpu": BaselineSizes(min_prompts=20, rounds=2, warmup=2),  # p50 and p90 (p95 from concurrency 32's 64)
+    # make gpu-check's 10 minutes: every cell of its grid, p50 only (its percentiles are not the point).
+    "gpu-check": BaselineSizes(min_prompts=4, rounds=1, warmup=1),
     # The stand-in for the gpu profile runs every cell of the grid once, no more: it checks paths, not speed.
     "gpu-dryrun": BaselineSizes(min_prompts=1, rounds=1, warmup=1),
 }

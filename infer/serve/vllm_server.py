@@ -7,6 +7,7 @@ interpreter from that folder; nothing of vLLM is imported into the course's proc
 """
 
 import json
+import math
 import os
 import shlex
 import shutil
@@ -125,18 +126,47 @@ def gpu_commands(model: str = GPU_MODEL, slo_ms: dict[str, float] | None = None)
 # ---------------------------------------------------------------- week 03's grid against vLLM's CUDA server
 
 VLLM_PERCENTILES = "50,90,95,99"
+# The profiles whose week 03 runs vLLM's grid. gpu-check leaves it out: the server's start-up alone
+# (weights, torch.compile, CUDA graphs: 1-2 minutes) would take a fifth of the check's 10 minutes.
+GRID_PROFILES = ("gpu",)
+# vLLM claims a fixed share of the whole card at start-up and refuses to start when less is free.
+# The notebook that starts it holds the course's model and cache (4-6 GiB at the gpu profile's
+# sizes), so the share is what is free, less a margin for the CUDA context and what the course
+# process still allocates, and at most vLLM's own default.
+VLLM_MAX_MEMORY_SHARE = 0.9
+VLLM_MEMORY_MARGIN_BYTES = 2 * 2**30
+
+
+def vllm_grid_missing_reason(profile) -> str | None:
+    """Why week 03 does not run vLLM's grid for `profile`, or None when it does."""
+    if profile.name not in GRID_PROFILES:
+        return (f"the {profile.name} profile leaves vLLM's grid to a full {' or '.join(GRID_PROFILES)} run: its "
+                f"server's start-up alone takes 1-2 minutes")
+    return vllm_missing_reason(cuda=True)
+
+
+def gpu_memory_share(free_bytes: int, total_bytes: int) -> float:
+    """--gpu-memory-utilization for a vLLM started beside processes that already hold part of the card."""
+    share = math.floor((free_bytes - VLLM_MEMORY_MARGIN_BYTES) / total_bytes * 100) / 100
+    if share <= 0:
+        raise RuntimeError(f"only {free_bytes / 2**30:.1f} GiB of {total_bytes / 2**30:.1f} GiB are free on the GPU: "
+                           f"no room for vLLM beside the processes already on it")
+    return min(share, VLLM_MAX_MEMORY_SHARE)
 
 
 def vllm_commands(profile, model_id: str, result_dir: str = "results/vllm", port: int = 8000,
-                  num_warmups: int = 2) -> tuple[list[str], list[list[str]]]:
+                  num_warmups: int = 2, gpu_memory_utilization: float | None = None) -> tuple[list[str], list[list[str]]]:
     """`vllm serve` and one `vllm bench serve` per grid cell, for the profile's grid and SLOs.
 
     The completions endpoint (`--backend openai`) sends the prompt as is: the chat endpoint
     would wrap it in a chat template and add tokens, so the input would no longer be exact.
-    `--ignore-eos` and `--random-range-ratio 0` make every request exactly input/output long."""
+    `--ignore-eos` and `--random-range-ratio 0` make every request exactly input/output long.
+    `gpu_memory_utilization` (see gpu_memory_share) is left to vLLM's default when None."""
     grid, dtype = profile.grid, dtype_name(profile.dtype)
     serve = ["vllm", "serve", model_id, "--dtype", dtype, "--port", str(port), "--seed", "0",
              "--max-model-len", str(max(grid.input_lens) + max(grid.output_lens))]
+    if gpu_memory_utilization is not None:
+        serve += ["--gpu-memory-utilization", f"{gpu_memory_utilization:.2f}"]
     benches = []
     for input_len, output_len, concurrency in grid.cells():
         benches.append([
@@ -164,8 +194,15 @@ def run_vllm_grid(profile, model_id: str, result_dir: str = "results/vllm", port
                   startup_timeout_s: float = 900.0) -> list[str]:
     """Start `vllm serve`, wait until it answers /health, run every `vllm bench serve` of the grid,
     stop the server. Returns the result files. The server's log goes to <result_dir>/server.log:
-    keep it, it shows the KV cache size and any preemption."""
-    serve, benches = vllm_commands(profile, model_id, result_dir, port)
+    keep it, it shows the KV cache size and any preemption.
+
+    This process keeps its model on the GPU, so it first hands its allocator's cached, unused
+    blocks back to the driver, then lets vLLM claim only what is free (gpu_memory_share)."""
+    import torch
+
+    torch.cuda.empty_cache()
+    share = gpu_memory_share(*torch.cuda.mem_get_info())
+    serve, benches = vllm_commands(profile, model_id, result_dir, port, gpu_memory_utilization=share)
     vllm = vllm_executable()
     with server_process([vllm, *serve[1:]], port, Path(result_dir) / "server.log", startup_timeout_s):
         for command in benches:

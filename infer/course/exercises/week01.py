@@ -2,9 +2,13 @@
 
 The naive-loop check looks at how the tokens were made, not only at the tokens: `transformers`'
 own generate() (or any cached loop) gives the same tokens, so the check counts the tokens each
-forward pass sees (the whole sequence so far, every step), and asks for one timestamp per token."""
+forward pass sees (the whole sequence so far, every step), and asks for one timestamp per token.
+On a CUDA GPU it also asks that each timestamp waits for its token: it keeps the device busy a
+little longer after every forward pass (`SlowDevice`), so a loop that reads the clock without
+synchronizing reads it visibly before the device is done. On a CPU there is nothing to wait for,
+so nothing about synchronizing can be checked there, and nothing is claimed."""
 
-import copy
+import contextlib
 import time
 
 import torch
@@ -15,9 +19,11 @@ from infer.experiments.prefill_decode import ttft_and_tpot_ms
 from infer.generate import naive_greedy_generate
 from infer.prompts import random_prompt_ids
 from infer.roofline import matmul_arithmetic_intensity
+from infer.timing import synchronize
 
 NAIVE_QID = "01.lab.naive_loop"
 NAIVE_NEW_TOKENS = 12
+SLOW_DEVICE_MS = 50.0  # extra device time after every forward pass while the timestamps are checked (CUDA)
 
 
 class ForwardLengths:
@@ -45,9 +51,7 @@ def grade_naive_loop(naive_greedy_generate, model, prompts: int = 5) -> Verdict:
     """Tokens equal to transformers' greedy generate(); every step runs the whole sequence so far;
     a `timestamps` list gets one perf_counter() time per new token, taken during the call."""
     rng = case_rng(NAIVE_QID)
-    # float32: in bf16 the cached (generate) and uncached (naive) paths round differently, and with
-    # random weights a near-tie argmax can flip without any bug.
-    model = model if next(model.parameters()).dtype == torch.float32 else copy.deepcopy(model).float()
+    model = hf.float32_copy(model)  # in bf16, generate() and a naive loop round differently
     device = next(model.parameters()).device
     cases = []
     for _ in range(prompts):
@@ -83,16 +87,52 @@ def _recompute_verdict(fn, case: Case) -> Verdict | None:
                                      f"everything at every step (no KV cache, no model.generate())")
 
 
+class SlowDevice:
+    """Inside `with SlowDevice(model):`, every forward pass of `model` leaves the CUDA device busy
+    for SLOW_DEVICE_MS more (a kernel that only waits): a loop that reads the clock without
+    synchronizing reads it that long before its token exists."""
+
+    def __init__(self, model):
+        self.model = model
+
+    def _keep_busy(self, module, args, output):
+        torch.cuda._sleep(self.cycles)
+
+    def __enter__(self):
+        self.cycles = _sleep_cycles(SLOW_DEVICE_MS)
+        self.handle = self.model.register_forward_hook(self._keep_busy)
+        return self
+
+    def __exit__(self, *exc):
+        self.handle.remove()
+        return False
+
+
+def _sleep_cycles(ms: float) -> int:
+    """The GPU clock cycles that torch.cuda._sleep needs to wait `ms`, measured (clock rates differ)."""
+    probe_cycles = 10_000_000
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    torch.cuda._sleep(probe_cycles)
+    end.record()
+    end.synchronize()
+    return int(probe_cycles * ms / start.elapsed_time(end))
+
+
 def _timestamps_verdict(fn, case: Case) -> Verdict | None:
     model, prompt, new_tokens = case.args
+    on_cuda = prompt.device.type == "cuda"
     stamps = []
     before = time.perf_counter()
-    try:
-        fn(model, prompt, new_tokens, timestamps=stamps)
-    except TypeError as exc:
-        return Verdict(NAIVE_QID, False, f"calling it with timestamps=[] raised TypeError ({exc}): keep the "
-                                         f"`timestamps=None` parameter")
-    after = time.perf_counter()
+    with SlowDevice(model) if on_cuda else contextlib.nullcontext():
+        try:
+            fn(model, prompt, new_tokens, timestamps=stamps)
+        except TypeError as exc:
+            return Verdict(NAIVE_QID, False, f"calling it with timestamps=[] raised TypeError ({exc}): keep the "
+                                             f"`timestamps=None` parameter")
+        after = time.perf_counter()
+        synchronize(prompt.device)
+        device_done = time.perf_counter()
     if not stamps:
         return Verdict(NAIVE_QID, False, "given a `timestamps` list, your loop recorded no time: append "
                                          "time.perf_counter() each time a new token is ready")
@@ -102,6 +142,12 @@ def _timestamps_verdict(fn, case: Case) -> Verdict | None:
     if not all(isinstance(t, float) and before <= t <= after for t in stamps) or stamps != sorted(stamps):
         return Verdict(NAIVE_QID, False, "the recorded timestamps are not time.perf_counter() readings taken in "
                                          "order during the call, one as each token becomes ready")
+    early_ms = (device_done - stamps[-1]) * 1e3
+    if on_cuda and early_ms > SLOW_DEVICE_MS / 2:
+        return Verdict(NAIVE_QID, False, f"the last timestamp was taken {early_ms:.0f} ms before the GPU had computed "
+                                         f"that token: CUDA runs work after Python queues it, so synchronize the "
+                                         f"device (infer.timing.synchronize) before time.perf_counter(), or TTFT and "
+                                         f"TPOT time the queueing, not the tokens")
     return None
 
 

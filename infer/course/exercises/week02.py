@@ -73,8 +73,8 @@ def _random_writes_and_reads(cache_class, rng: random.Random, qid: str) -> Verdi
             continue
         start = filled[seq]
         n = rng.randint(1, min(6, max_len - start))
-        k = torch.randn(kv_heads, n, head_dim, generator=generator)
-        v = torch.randn(kv_heads, n, head_dim, generator=generator)
+        k = torch.randn(kv_heads, n, head_dim, generator=generator, device="cpu")  # the cache's default device
+        v = torch.randn(kv_heads, n, head_dim, generator=generator, device="cpu")
         what = f"write(layer={layer}, seq_id={seq}, start={start}, k, v) of {n} positions ({shape_text})"
         for layer_all in range(layers):  # the model writes every layer; keep the two caches in step
             ours.write(layer_all, seq, start, k, v)
@@ -112,9 +112,10 @@ def _random_writes_and_reads(cache_class, rng: random.Random, qid: str) -> Verdi
 
 def _write_past_capacity(cache_class, qid: str) -> Verdict | None:
     cache = cache_class(1, 2, 11, 2, 4)
-    cache.write(0, 1, 0, torch.randn(2, 9, 4), torch.randn(2, 9, 4))
+    cache.write(0, 1, 0, torch.zeros(2, 9, 4, device="cpu"), torch.zeros(2, 9, 4, device="cpu"))
     try:
-        cache.write(0, 1, 9, torch.randn(2, 3, 4), torch.randn(2, 3, 4))  # positions 9, 10, 11 of a max_len=11 slot
+        past_the_end = torch.zeros(2, 3, 4, device="cpu")  # positions 9, 10, 11 of a max_len=11 slot
+        cache.write(0, 1, 9, past_the_end, past_the_end)
     except NotImplementedError:
         raise
     except Exception as exc:
@@ -128,11 +129,12 @@ def _write_past_capacity(cache_class, qid: str) -> Verdict | None:
 
 
 def _generation_through(cache_class, hf_model, rng: random.Random, qid: str) -> Verdict:
+    hf_model = hf.float32_copy(hf_model)  # token for token against generate(): in float32, as bf16 rounds otherwise
     model = Transformer.from_hf(hf_model)
     arch: Arch = model.arch
     length, new_tokens = rng.randint(3, 30), rng.randint(3, 10)
-    prompt = random_prompt_ids(hf_model.config, length, seed=rng.randrange(2**31))
-    weight = model.embed.weight  # the model's dtype and device: a bf16 model on a GPU needs a bf16 cache there
+    weight = model.embed.weight  # the model's dtype and device: the cache must take both (a GPU needs it there)
+    prompt = random_prompt_ids(hf_model.config, length, seed=rng.randrange(2**31)).to(weight.device)
     cache = cache_class(arch.num_layers, 1, length + new_tokens, arch.num_kv_heads, arch.head_dim,
                         dtype=weight.dtype, device=weight.device)
     try:
@@ -170,12 +172,14 @@ def grade_cached_loop(student_generate, hf_model, prompts: int = 5) -> Verdict:
     """The student's `(model, prompt_ids, max_new_tokens, cache)` loop vs transformers' generate(),
     then the tokens it fed each forward pass."""
     qid = "02.lab.cached_loop"
+    hf_model = hf.float32_copy(hf_model)  # token for token against generate(): in float32, as bf16 rounds otherwise
     model = Transformer.from_hf(hf_model)
+    device = model.embed.weight.device
     rng = case_rng(qid)
     cases = []
     for _ in range(prompts):
         length, new_tokens = rng.randint(1, 48), rng.randint(2, 12)
-        ids = random_prompt_ids(hf_model.config, length, seed=rng.randrange(2**31))
+        ids = random_prompt_ids(hf_model.config, length, seed=rng.randrange(2**31)).to(device)
         cache = KVCache.for_model(model, max_seqs=1, max_len=length + new_tokens)  # exactly enough room
         cases.append(Case(f"a {length}-token prompt with max_new_tokens={new_tokens}",
                           (TokenCountingModel(model), ids, new_tokens, cache)))
@@ -199,8 +203,8 @@ def grade_cached_loop(student_generate, hf_model, prompts: int = 5) -> Verdict:
             return Verdict(qid, False, f"on {case.description}, your loop fed the model {_fed_text(counting.fed)}; a "
                                        f"cached loop feeds the prompt once ({ids.numel()} tokens), then one new token "
                                        f"per decode step: the cache holds the rest")
-    return Verdict(qid, True, f"tokens identical to transformers' generate() on {prompts} random prompts, with a cache "
-                              f"of exactly prompt + new tokens positions, one new token per decode step")
+    return Verdict(qid, True, f"tokens identical to transformers' generate() on {prompts} random prompts (float32), "
+                              f"with a cache of exactly prompt + new tokens positions, one new token per decode step")
 
 
 def _fed_text(fed: list[int]) -> str:
