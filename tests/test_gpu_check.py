@@ -51,6 +51,14 @@ def test_a_failing_notebook_is_reported_and_kept(tmp_path):
     assert run.line.startswith("FAILED")
 
 
+def test_a_failed_check_line_fails_the_notebook(tmp_path):
+    """Lab 02's check caught the device error of a CPU prompt and printed it as a ❌ line, and the
+    notebook counted as run (issue 22, item 5): a check that fails on the stand-in fails the run."""
+    run = run_notebook(_notebook(tmp_path, "print('❌ 02.lab.cached_loop: raised RuntimeError: devices')"), "gpu-dryrun",
+                       tmp_path / "out")
+    assert run.error == "a check failed: ❌ 02.lab.cached_loop: raised RuntimeError: devices"
+
+
 def test_a_cell_past_its_limit_or_a_dead_kernel_fails_that_notebook_only(tmp_path):
     """nbclient raises these instead of CellExecutionError; before issue 22 they ended make gpu-check."""
     slow = run_notebook(_notebook(tmp_path, "import time; time.sleep(60)", name="slow"), "gpu-dryrun",

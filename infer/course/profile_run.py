@@ -36,6 +36,7 @@ NOTEBOOK_FOLDERS = ("weeks", "solutions")  # labs/ are generated from solutions/
 SKIP_LINE = re.compile(r"^\s*skipped\b|\bskips?\b", re.IGNORECASE)
 # What ends a notebook's run early: an error in a cell, a cell past its time limit, a dead kernel.
 NOTEBOOK_FAILURES = (CellExecutionError, CellTimeoutError, DeadKernelError)
+FAILED_CHECK = "❌"  # how a check line starts when it fails (infer.course.checks): the notebook failed too
 
 
 def course_notebooks(root: Path = REPO_ROOT) -> list[Path]:
@@ -103,6 +104,9 @@ def run_notebook(notebook: Path, profile_name: str, out_dir: Path, *, cell_timeo
             error = _short_error(exc)
     seconds = time.perf_counter() - started
     text = _output_text(executed) if executed.exists() else ""
+    failed_check = next((line.strip() for line in text.splitlines() if line.lstrip().startswith(FAILED_CHECK)), None)
+    if error is None and failed_check:  # a check that catches an error and prints it still fails the run
+        error = f"a check failed: {failed_check[:300]}"
     skips = tuple(dict.fromkeys(line.strip() for line in text.splitlines() if SKIP_LINE.search(line)))
     return NotebookRun(shown_path(notebook), executed, seconds, error, skips, text)
 
