@@ -2,13 +2,12 @@
 
 import torch
 
-from infer.engine import SamplingParams
+from infer.engine.sequence import benchmark_params
 from infer.generate import cached_greedy_generate
 from infer.kv_cache import KVCache
 
 
-def greedy(max_tokens: int) -> SamplingParams:
-    return SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+greedy = benchmark_params  # temperature 0, EOS ignored: exactly max_tokens tokens
 
 
 def single_request_greedy(model, prompt: list[int], max_tokens: int) -> list[int]:

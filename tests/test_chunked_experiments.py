@@ -5,7 +5,8 @@ import math
 
 import pytest
 
-from infer.experiments.chunked_prefill import (best_budget, mixed_workload, serve, stall_summary, stall_workload, summarize_run,
+from infer.workloads import mixed_workload
+from infer.experiments.chunked_prefill import (best_budget, serve, stall_summary, stall_workload, summarize_run,
                                    time_step_kinds)
 from infer.model import Transformer
 
@@ -25,7 +26,7 @@ def test_stall_workload_sends_long_prompts_one_by_one_after_the_decoders():
 
 
 def test_a_run_gives_records_and_steps_that_agree(model):
-    w = mixed_workload("small", 5, (4, 40), (2, 5), math.inf, model.arch.vocab_size, seed=3)
+    w = mixed_workload("small", model.arch.vocab_size, 5, (4, 40), (2, 5), seed=3)
     run = serve(model, w, "chunked", 16, max_num_seqs=2, max_model_len=64, max_concurrency=3)
     assert [len(r.chunk_times) for r in run.records] == w.output_lens
     assert sum(s.shape.prefill_tokens for s in run.steps) == sum(w.prompt_lens)

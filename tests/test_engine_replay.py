@@ -6,22 +6,10 @@ import numpy as np
 import pytest
 
 from infer.engine import Engine, SamplingParams
-from infer.engine.replay import arrival_offsets, replay
+from infer.engine.replay import replay
+from infer.workloads import arrival_offsets
 from infer.metrics import calculate_metrics
 from infer.model import Transformer
-
-
-def test_arrival_offsets_have_the_requested_rate_and_burstiness():
-    for burstiness in (0.5, 1.0, 4.0):
-        offsets = np.array(arrival_offsets(4000, request_rate=20.0, burstiness=burstiness, seed=1))
-        gaps = np.diff(offsets)
-        assert offsets[0] == 0 and np.all(gaps >= 0)
-        assert gaps.mean() == pytest.approx(1 / 20, rel=0.08)
-        # a gamma with shape b has coefficient of variation 1/sqrt(b): lower burstiness, burstier
-        assert gaps.std() / gaps.mean() == pytest.approx(1 / math.sqrt(burstiness), rel=0.1)
-    assert arrival_offsets(3) == [0.0, 0.0, 0.0]
-    with pytest.raises(ValueError, match="request_rate must be > 0"):
-        arrival_offsets(3, request_rate=0)
 
 
 def test_replay_records_feed_week_03_metrics(tiny):

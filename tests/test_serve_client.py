@@ -12,7 +12,6 @@ from infer.serve.client import (
     parse_sse_line,
     random_workload,
     run_benchmark,
-    send_offsets_s,
     stream_record,
     workload_for_model,
 )
@@ -48,19 +47,6 @@ def test_range_ratio_spreads_the_lengths():
     assert 25 <= min(output_lens) and max(output_lens) <= 75
     with pytest.raises(ValueError, match="range_ratio"):
         random_workload(1024, SPECIAL, 2, 10, 10, range_ratio=1.0)
-
-
-def test_send_offsets_follow_the_rate_and_burstiness():
-    assert send_offsets_s(5, math.inf) == [0.0] * 5
-    assert send_offsets_s(4, 2.0, burstiness=math.inf) == pytest.approx([0.5, 1.0, 1.5, 2.0])
-    poisson = np.diff([0.0] + send_offsets_s(4000, 10.0, burstiness=1.0, seed=1))
-    bursty = np.diff([0.0] + send_offsets_s(4000, 10.0, burstiness=0.25, seed=1))
-    assert poisson.sum() == pytest.approx(400.0) and bursty.sum() == pytest.approx(400.0)
-    cv = lambda gaps: gaps.std() / gaps.mean()  # noqa: E731 - gamma(k): cv = 1 / sqrt(k)
-    assert cv(poisson) == pytest.approx(1.0, rel=0.1) and cv(bursty) == pytest.approx(2.0, rel=0.1)
-    for bad in ({"request_rate": 0}, {"request_rate": 1.0, "burstiness": 0}):
-        with pytest.raises(ValueError, match="must be > 0"):
-            send_offsets_s(3, **{"burstiness": 1.0, **bad})
 
 
 RECORDED = [  # (arrival s, line) as an SSE stream arrives: chunks, blank lines, a ping, usage, [DONE]

@@ -8,7 +8,8 @@ import random
 import numpy as np
 import pytest
 
-from infer.experiments.chunked_prefill import mixed_workload, serve
+from infer.experiments.chunked_prefill import serve
+from infer.workloads import mixed_workload
 from infer.engine.simulator import simulate
 from infer.engine.step_costs import FEATURES, FixedStepCost, LinearStepCost, RooflineStepCost, StepShape
 from infer.metrics import calculate_metrics
@@ -38,7 +39,7 @@ def test_arrivals_wait_for_their_time_and_the_concurrency_limit():
 
 @pytest.mark.parametrize("policy, budget", [("chunked", 7), ("chunked", 64), ("continuous", 256), ("static", 256)])
 def test_the_simulated_schedule_is_the_engines(model, policy, budget):
-    workload = mixed_workload("same", 9, (3, 90), (2, 9), math.inf, model.arch.vocab_size, seed=budget)
+    workload = mixed_workload("same", model.arch.vocab_size, 9, (3, 90), (2, 9), seed=budget)
     real = serve(model, workload, policy, budget, max_num_seqs=4, max_model_len=128)
     sim = simulate(FixedStepCost(1.0), workload.prompt_lens, workload.output_lens, policy=policy, max_num_seqs=4,
                    max_num_batched_tokens=budget, max_model_len=128)
@@ -109,9 +110,9 @@ def test_simulated_records_feed_vllms_metrics():
 def test_bad_workloads_are_refused():
     with pytest.raises(ValueError, match="3 prompt lengths and 2 output lengths"):
         simulate(FixedStepCost(1.0), [1, 2, 3], [1, 1])
-    with pytest.raises(ValueError, match="does not fit"):
+    with pytest.raises(ValueError, match="maximum context length is 128"):
         simulate(FixedStepCost(1.0), [100], [50], max_model_len=128)
-    with pytest.raises(ValueError, match="prefills whole prompts"):
+    with pytest.raises(ValueError, match="prefills a whole prompt in one step"):
         simulate(FixedStepCost(1.0), [100], [5], policy="continuous", max_num_batched_tokens=64)
 
 

@@ -1,18 +1,21 @@
-"""The course's serving engine (weeks 05-08), one short file per job:
+"""The course's serving engine (weeks 05-08), one short file per job, in nano-vllm's shape:
 
 - sequence.py: a request's sampling parameters, state and outputs;
-- scheduler.py: the waiting and running queues and the policies (static, continuous);
-- kv_store.py: the KV cache slots behind the interface a paged store implements later;
+- scheduler.py: the waiting and running queues, the policies (static, continuous, chunked), preemption;
+- kv_store.py: where running sequences keep their keys and values (blocks and block tables), behind
+  the interface the scheduler asks every step;
 - model_runner.py: one step's work as one flat forward pass, logits for sampling rows only;
 - sampler.py: greedy, temperature, top-k and top-p, with per-request seeded generators;
 - engine.py: the loop (schedule -> run -> update) and the public API;
-- replay.py: requests arriving on a schedule, in real time, as week 03 RequestRecords;
-- trace.py: the scheduler over a scripted trace without a model (steps and slots only);
-- batching_study.py: week 05's experiments (static vs continuous, the concurrency sweep), sized per profile;
-- bench.py: the engine against `transformers`' batchers (`python -m infer.experiments.engine_bench`).
+- step_record.py: what each step ran (kept with `log_steps=True`), and its shape;
+- clock.py: the wall clock, or the simulator's virtual one;
+- replay.py: requests arriving on a schedule, served step by step, as week 03 RequestRecords;
+- step_costs.py, simulator.py: what a step costs, and the engine with a cost model in place of the model
+  (`run_trace`: the same with a clock that counts steps).
 """
 
-from infer.engine.engine import Engine, StepRecord
+from infer.engine.engine import Engine
 from infer.engine.sequence import CompletionResult, RequestOutput, SamplingParams
+from infer.engine.step_record import StepRecord
 
 __all__ = ["Engine", "SamplingParams", "RequestOutput", "CompletionResult", "StepRecord"]

@@ -4,6 +4,7 @@
     tokens = runner.run(work)            # one forward pass over the flat batch, then sampling
     outputs = scheduler.update(work, tokens)   # append tokens, retire the finished, free their slots
 
+With `log_steps=True` the engine keeps a StepRecord of every step (infer.engine.step_record).
 `add_request`, `step` and `abort` hold one lock, so a server may add and abort requests from
 other threads while one background thread calls `step` (week 07).
 """
@@ -11,52 +12,43 @@ other threads while one background thread calls `step` (week 07).
 import itertools
 import numbers
 import threading
-import time
-from dataclasses import dataclass
 from typing import Sequence as Seq
 
 import torch
 from tqdm.auto import tqdm
 
+from infer.engine.clock import WallClock
 from infer.engine.kv_store import KVStore, SlotKVStore
 from infer.engine.model_runner import ModelRunner
 from infer.engine.sampler import Sampler
 from infer.engine.scheduler import Limits, Policy, Scheduler, make_policy
 from infer.engine.sequence import CompletionResult, RequestOutput, SamplingParams, Sequence
-
-
-@dataclass(frozen=True)
-class StepRecord:
-    """What one step ran, for timelines and occupancy charts (kept when `log_steps=True`)."""
-
-    index: int
-    request_ids: tuple[str, ...]  # the sequences in the forward pass, in batch order
-    num_tokens: int  # rows of the flat batch
-    num_prefill_tokens: int
-    slots: tuple[int, ...]  # each request's KV slot, same order as request_ids
-    start: float  # time.perf_counter() around the step, device synchronized at the end
-    end: float
+from infer.engine.step_record import StepRecord, step_items
 
 
 class Engine:
     def __init__(self, model, policy: str | Policy = "continuous", max_num_seqs: int = 32,
                  max_num_batched_tokens: int = 2048, max_model_len: int = 2048, *,
                  kv_store: KVStore | None = None, log_steps: bool = False):
-        for name, value in (("max_num_seqs", max_num_seqs), ("max_num_batched_tokens", max_num_batched_tokens),
-                            ("max_model_len", max_model_len)):
-            if not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
         self.model = model
-        self.vocab_size = model.arch.vocab_size
-        self.max_model_len = max_model_len
-        self.policy = make_policy(policy) if isinstance(policy, str) else policy
-        self.limits = Limits(max_num_seqs, max_num_batched_tokens)
-        self.kv_store = kv_store or SlotKVStore.for_model(model, max_num_seqs, max_model_len)
+        kv_store = kv_store or SlotKVStore.for_model(model, max_num_seqs, max_model_len)
+        sampler = Sampler(model.embed.weight.device)
         eos = model.config.eos_token_id
         eos_ids = set() if eos is None else set(eos) if isinstance(eos, (list, tuple)) else {eos}
-        self.scheduler = Scheduler(self.policy, self.limits, self.kv_store, eos_ids, max_model_len)
-        self.sampler = Sampler(model.embed.weight.device)
-        self.runner = ModelRunner(model, self.kv_store, self.sampler)
+        self.assemble(policy, Limits(max_num_seqs, max_num_batched_tokens), max_model_len, kv_store, sampler,
+                      ModelRunner(model, kv_store, sampler), eos_ids, model.arch.vocab_size, WallClock(), log_steps)
+
+    def assemble(self, policy: str | Policy, limits: Limits, max_model_len: int, kv_store: KVStore, sampler: Sampler,
+                 runner, eos_ids: set[int], vocab_size: int, clock, log_steps: bool) -> None:
+        """The parts every engine has; the simulator assembles the same ones around a cost model."""
+        for name, value in (("max_num_seqs", limits.max_num_seqs),
+                            ("max_num_batched_tokens", limits.max_num_batched_tokens), ("max_model_len", max_model_len)):
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        self.policy = make_policy(policy) if isinstance(policy, str) else policy
+        self.limits, self.max_model_len, self.kv_store, self.vocab_size = limits, max_model_len, kv_store, vocab_size
+        self.scheduler = Scheduler(self.policy, limits, kv_store, eos_ids, max_model_len)
+        self.sampler, self.runner, self.clock = sampler, runner, clock
         self.requests: dict[str, Sequence] = {}  # unfinished requests by id
         self.ids = (str(i) for i in itertools.count())
         self.lock = threading.RLock()
@@ -74,7 +66,7 @@ class Engine:
         with self.lock:
             request_id = self._new_request_id(request_id)
             self._check_lengths(len(prompt), params)
-            seq = Sequence(request_id, prompt, params, time.perf_counter() if arrival_time is None else arrival_time)
+            seq = Sequence(request_id, prompt, params, self.clock.now() if arrival_time is None else arrival_time)
             self.requests[request_id] = seq
             self.sampler.add(request_id, params)
             self.scheduler.add(seq)
@@ -152,11 +144,12 @@ class Engine:
     def step(self) -> list[RequestOutput]:
         """Run one step; return what it produced, one output per request that got a token."""
         with self.lock:
-            start = time.perf_counter()
+            start = self.clock.now()
             work = self.scheduler.schedule()
             if not work:
                 return []
-            slots = tuple(w.seq.slot for w in work)  # before update frees the slots of the finished
+            items = step_items(work) if self.step_log is not None else ()  # before update changes the sequences
+            num_running = len(self.scheduler.running)
             tokens = self.runner.run(work)  # ends with the sampled tokens on the host: the device is synchronized
             outputs = self.scheduler.update(work, tokens)
             for out in outputs:
@@ -164,10 +157,7 @@ class Engine:
                     del self.requests[out.request_id]
                     self.sampler.remove(out.request_id)
             if self.step_log is not None:
-                self.step_log.append(StepRecord(
-                    self.num_steps, tuple(w.seq.request_id for w in work), sum(w.num_tokens for w in work),
-                    sum(w.num_tokens for w in work if w.start < w.seq.num_prompt_tokens),
-                    slots, start, time.perf_counter()))
+                self.step_log.append(StepRecord(self.num_steps, start, self.clock.now(), items, num_running))
             self.num_steps += 1
             return outputs
 

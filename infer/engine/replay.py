@@ -1,48 +1,30 @@
-"""Requests that arrive over time, served in real time, measured like `vllm bench serve`.
+"""Requests that arrive over time, served step by step, measured like `vllm bench serve`.
 
-Arrival schedules are vLLM's: requests at a rate (per second) with gaps drawn from a gamma
-distribution whose shape is the `burstiness` (1.0 is a Poisson process; lower is burstier, higher
-more regular; rate inf sends everything at once), and optionally at most `max_concurrency`
-requests in flight, a new one sent when one finishes. The engine runs in this thread: between
-steps, every request whose time has come is added. Each request's send time is when it was
-added, and each token's time when the step that made it ended (the step ends by copying the
-tokens to the host, so the device is synchronized). The records are week 03's RequestRecords, so
-`infer.metrics.calculate_metrics` applies unchanged.
+Arrival times are offsets in seconds from the start (infer.workloads.arrival_offsets draws them
+as vLLM does); at most `max_concurrency` requests are in flight, a new one sent when one
+finishes. The engine runs in this thread: between steps, every request whose time has come is
+added. Each request's send time is when it was added, and each token's time when the step that
+made it ended (the step ends by copying the tokens to the host, so the device is synchronized).
+The records are week 03's RequestRecords, so `infer.metrics.calculate_metrics` applies unchanged.
+
+Time is the engine's clock: the wall clock for the real engine, a virtual one for the simulator
+(infer.engine.simulator), which serves through this same loop.
 """
 
-import math
-import time
 from collections import deque
 from typing import Sequence as Seq
-
-import numpy as np
 
 from infer.engine.engine import Engine
 from infer.engine.sequence import SamplingParams
 from infer.records import RequestRecord
 
 
-def arrival_offsets(num_requests: int, request_rate: float = math.inf, burstiness: float = 1.0,
-                    seed: int = 0) -> list[float]:
-    """Send times in seconds from the start: gamma-distributed gaps with mean 1/request_rate."""
-    if num_requests < 1:
-        raise ValueError(f"num_requests must be >= 1, got {num_requests}")
-    if not request_rate > 0:
-        raise ValueError(f"request_rate must be > 0 requests/s (inf: all at once), got {request_rate}")
-    if not burstiness > 0:
-        raise ValueError(f"burstiness must be > 0 (1.0 is Poisson), got {burstiness}")
-    if math.isinf(request_rate):
-        return [0.0] * num_requests
-    gaps = np.random.default_rng(seed).gamma(shape=burstiness, scale=1.0 / (request_rate * burstiness), size=num_requests)
-    gaps[0] = 0.0  # the first request starts the clock
-    return np.cumsum(gaps).tolist()
-
-
 def replay(engine: Engine, prompts: Seq[Seq[int]], params: SamplingParams | Seq[SamplingParams], *,
            offsets: Seq[float] | None = None, max_concurrency: int | None = None,
            progress=None) -> list[RequestRecord]:
     """Serve `prompts` arriving at `offsets` (seconds; default all at once) with at most
-    `max_concurrency` in flight. Returns one RequestRecord per prompt, in input order."""
+    `max_concurrency` in flight, on an engine with nothing unfinished (request i gets the id
+    str(i)). Returns one RequestRecord per prompt, in input order."""
     params_list = list(params) if isinstance(params, (list, tuple)) else [params] * len(prompts)
     offsets = [0.0] * len(prompts) if offsets is None else list(offsets)
     if not len(prompts) == len(params_list) == len(offsets):
@@ -51,27 +33,32 @@ def replay(engine: Engine, prompts: Seq[Seq[int]], params: SamplingParams | Seq[
     if max_concurrency is not None and max_concurrency < 1:
         raise ValueError(f"max_concurrency must be >= 1 or None, got {max_concurrency}")
     limit = max_concurrency or len(prompts)
+    clock = engine.clock
     due = deque(sorted(range(len(prompts)), key=lambda i: offsets[i]))
     records: dict[int, RequestRecord] = {}
-    in_flight: dict[str, int] = {}  # engine request id -> prompt index
-    start = time.perf_counter()
+    in_flight: set[int] = set()
+    start = clock.now()
     while due or in_flight:
-        now = time.perf_counter()
+        now = clock.now()
         while due and len(in_flight) < limit and start + offsets[due[0]] <= now:
             index = due.popleft()
-            request_id = engine.add_request(prompts[index], params_list[index], arrival_time=now)
-            in_flight[request_id] = index
+            engine.add_request(prompts[index], params_list[index], request_id=str(index), arrival_time=now)
+            in_flight.add(index)
             records[index] = RequestRecord(len(prompts[index]), send_time=now)
-        if not in_flight:  # idle until the next arrival
-            time.sleep(max(0.0, start + offsets[due[0]] - time.perf_counter()))
+        steps_before = engine.num_steps
+        outputs = engine.step() if in_flight else []
+        if engine.num_steps == steps_before:  # nothing could run: wait for the next arrival, if one can come
+            if not due or len(in_flight) >= limit:
+                raise RuntimeError(f"policy {engine.policy.name!r} scheduled no work with {len(in_flight)} requests "
+                                   f"unfinished and no arrival to come: the run would never end")
+            clock.wait_until(start + offsets[due[0]])
             continue
-        outputs = engine.step()
-        done = time.perf_counter()
+        done = clock.now()
         for out in outputs:
-            index = in_flight[out.request_id]
+            index = int(out.request_id)
             records[index].chunk_times.append(done)
             if out.finished:
-                del in_flight[out.request_id]
+                in_flight.discard(index)
                 if progress is not None:
                     progress.update(1)
     return [records[i] for i in range(len(prompts))]

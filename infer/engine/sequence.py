@@ -42,6 +42,11 @@ class SamplingParams:
         return self.temperature == 0
 
 
+def benchmark_params(max_tokens: int) -> SamplingParams:
+    """Greedy, EOS ignored: exactly `max_tokens` tokens, as `vllm bench serve --ignore-eos` asks."""
+    return SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+
+
 class Status(enum.Enum):
     WAITING = "waiting"  # queued (new, or preempted), holds no KV room
     RUNNING = "running"  # holds KV room; prefilling or decoding

@@ -1,36 +1,68 @@
-"""The engine without the model: the same scheduler and policies, a virtual clock, and a step-cost
-model in place of the forward pass.
+"""The engine without the model: the same scheduler, policies and step records, with the forward
+pass replaced by a step-cost model and the wall clock by a virtual one.
 
-Each simulated step asks the real `Scheduler` for its work, charges the clock what the cost model
-says that step's shape costs (infer.engine.step_costs), and hands back a placeholder token for
-every row that samples, so requests finish after exactly their `max_tokens`. Arrivals, the
-concurrency limit and the records are those of `infer.engine.replay`: the output is week 03
-RequestRecords (times in virtual seconds), so `infer.metrics.calculate_metrics` applies unchanged.
+`SimulatedEngine` is an `Engine` whose runner charges the virtual clock what each step's shape
+costs (infer.engine.step_costs) and samples a placeholder token for every row that samples, so
+requests finish after exactly their `max_tokens`. `simulate` serves requests on it through the
+engine's own arrival loop (infer.engine.replay), so its output is week 03's RequestRecords (times
+in virtual seconds) and `infer.metrics.calculate_metrics` applies unchanged.
 
 Token values never matter to a schedule with EOS ignored, so nothing here needs weights, a
-device or time: a grid that takes a GPU hours runs in seconds. What it cannot know is anything
-its cost model leaves out (memory limits, a slow kernel, a busy host); hence the validation
-against the real engine, and the SIMULATED stamp on everything it produces.
+device or time: a grid that takes a GPU hours runs in seconds. What it cannot know is anything its
+cost model leaves out (memory limits, a slow kernel, a busy host); hence the validation against
+the real engine, and the SIMULATED stamp on everything it produces.
+
+`run_trace` is the simulator with a clock that counts steps: a scripted trace of arrivals, one
+step per virtual second, and who ran in which slot at every step (week 05's "scheduler on paper").
 """
 
 import math
-from collections import deque
 from dataclasses import dataclass
 from typing import Sequence as Seq
 
+from infer.engine.clock import VirtualClock
+from infer.engine.engine import Engine
 from infer.engine.kv_store import SlotKVStore
-from infer.engine.scheduler import Limits, Policy, Scheduler, make_policy
-from infer.engine.sequence import SamplingParams, Sequence
-from infer.engine.step_costs import StepTrace, step_shape, trace_items
+from infer.engine.replay import replay
+from infer.engine.sampler import Sampler
+from infer.engine.scheduler import Limits, Policy, Work
+from infer.engine.sequence import benchmark_params
+from infer.engine.step_costs import FixedStepCost
+from infer.engine.step_record import StepRecord, StepShape, step_items
 from infer.records import RequestRecord
 
 PLACEHOLDER_TOKEN = 0
 
 
+class CostModelRunner:
+    """Stands in for the model runner: a step takes what its shape costs, on the virtual clock."""
+
+    def __init__(self, cost_model, clock: VirtualClock):
+        self.cost_model, self.clock = cost_model, clock
+        self.num_forwards = 0
+
+    def run(self, work: list[Work]) -> list[int]:
+        step_ms = self.cost_model.step_ms(StepShape.of(step_items(work)))
+        if not (math.isfinite(step_ms) and step_ms >= 0):
+            raise ValueError(f"the cost model returned {step_ms} ms for a step: a step costs a finite time >= 0")
+        self.clock.advance(step_ms / 1e3)
+        self.num_forwards += 1
+        return [PLACEHOLDER_TOKEN] * sum(item.samples for item in work)
+
+
+class SimulatedEngine(Engine):
+    def __init__(self, cost_model, policy: str | Policy = "chunked", max_num_seqs: int = 32,
+                 max_num_batched_tokens: int = 2048, max_model_len: int = 2048):
+        clock = VirtualClock()
+        self.assemble(policy, Limits(max_num_seqs, max_num_batched_tokens), max_model_len,
+                      SlotKVStore(max_num_seqs, max_model_len), Sampler("cpu"), CostModelRunner(cost_model, clock),
+                      eos_ids=set(), vocab_size=PLACEHOLDER_TOKEN + 1, clock=clock, log_steps=True)
+
+
 @dataclass
 class SimulatedRun:
     records: list[RequestRecord]  # in input order, times in virtual seconds from 0
-    steps: list[StepTrace]
+    steps: list[StepRecord]
 
 
 def simulate(cost_model, prompt_lens: Seq[int], output_lens: Seq[int], *, policy: str | Policy = "chunked",
@@ -40,50 +72,63 @@ def simulate(cost_model, prompt_lens: Seq[int], output_lens: Seq[int], *, policy
     once) on a virtual clock that each step advances by `cost_model.step_ms(shape)`."""
     if len(prompt_lens) != len(output_lens):
         raise ValueError(f"{len(prompt_lens)} prompt lengths and {len(output_lens)} output lengths: give one of each per request")
-    offsets = [0.0] * len(prompt_lens) if offsets is None else list(offsets)
-    if len(offsets) != len(prompt_lens):
-        raise ValueError(f"{len(offsets)} offsets for {len(prompt_lens)} requests")
-    for n_in, n_out in zip(prompt_lens, output_lens):
-        if n_in < 1 or n_out < 1 or n_in + n_out > max_model_len:
-            raise ValueError(f"a request of {n_in} prompt + {n_out} output tokens does not fit: each needs >= 1 and "
-                             f"their sum <= max_model_len={max_model_len}")
-    policy = make_policy(policy) if isinstance(policy, str) else policy
-    scheduler = Scheduler(policy, Limits(max_num_seqs, max_num_batched_tokens), SlotKVStore(max_num_seqs, max_model_len),
-                          set(), max_model_len)
-    if not scheduler.policy.splits_prompts and max(prompt_lens) > max_num_batched_tokens:
-        raise ValueError(f"policy {scheduler.policy.name!r} prefills whole prompts, and {max(prompt_lens)} tokens exceed "
-                         f"max_num_batched_tokens={max_num_batched_tokens}")
-    limit = max_concurrency or len(prompt_lens)
-    due = deque(sorted(range(len(prompt_lens)), key=lambda i: offsets[i]))
-    records: dict[int, RequestRecord] = {}
-    in_flight: dict[str, int] = {}
-    steps: list[StepTrace] = []
-    clock = 0.0
-    while due or in_flight:
-        while due and len(in_flight) < limit and offsets[due[0]] <= clock:
-            index = due.popleft()
-            params = SamplingParams(max_tokens=output_lens[index], temperature=0.0, ignore_eos=True)
-            scheduler.add(Sequence(str(index), [PLACEHOLDER_TOKEN] * prompt_lens[index], params, clock))
-            in_flight[str(index)] = index
-            records[index] = RequestRecord(prompt_lens[index], send_time=clock)
-        if not in_flight:
-            clock = max(clock, offsets[due[0]])
-            continue
-        work = scheduler.schedule()
-        if not work:  # a policy that schedules nothing would wait forever, unless a new request can change its mind
-            if not due or len(in_flight) >= limit:
-                raise RuntimeError(f"policy {policy.name!r} scheduled no work with {len(in_flight)} requests "
-                                   f"unfinished and no arrival to come: the run would never end")
-            clock = max(clock, offsets[due[0]])
-            continue
-        shape = step_shape(work)
-        start, clock = clock, clock + cost_model.step_ms(shape) / 1e3
-        steps.append(StepTrace(start, clock, shape, trace_items(work)))
-        num_sampled = sum(item.samples for item in work)
-        for out in scheduler.update(work, [PLACEHOLDER_TOKEN] * num_sampled):
-            records[in_flight[out.request_id]].chunk_times.append(clock)
-            if out.finished:
-                del in_flight[out.request_id]
-    if not math.isfinite(clock):
-        raise ValueError("the cost model returned a non-finite step time")
-    return SimulatedRun([records[i] for i in range(len(prompt_lens))], steps)
+    engine = SimulatedEngine(cost_model, policy, max_num_seqs, max_num_batched_tokens, max_model_len)
+    records = replay(engine, [[PLACEHOLDER_TOKEN] * n for n in prompt_lens], [benchmark_params(n) for n in output_lens],
+                     offsets=offsets, max_concurrency=max_concurrency)
+    return SimulatedRun(records, engine.step_log)
+
+
+# ---------------------------------------------------------------- a scheduler on paper
+
+
+@dataclass(frozen=True)
+class TraceRequest:
+    arrival_step: int  # it joins the waiting queue just before this step
+    prompt_len: int
+    output_len: int
+
+
+@dataclass(frozen=True)
+class TraceRun:
+    steps: list[StepRecord]  # one per step, idle steps (nobody to run) included
+    first_token_step: list[int]  # per request
+    finish_step: list[int]
+    max_num_seqs: int
+
+    @property
+    def num_steps(self) -> int:
+        return len(self.steps)
+
+    @property
+    def idle_slot_steps(self) -> int:
+        """Slot-steps in which a slot held no request at all."""
+        return sum(self.max_num_seqs - step.num_running for step in self.steps)
+
+    def batches(self) -> list[tuple[str, tuple[int, ...]]]:
+        """Each step's kind and the requests (trace indices) it ran, in batch order."""
+        return [(step.kind, tuple(int(r) for r in step.request_ids)) for step in self.steps]
+
+    def occupancy(self) -> list[list[int]]:
+        """[slot][step]: the request computed in that slot at that step, or -1."""
+        grid = [[-1] * self.num_steps for _ in range(self.max_num_seqs)]
+        for index, step in enumerate(self.steps):
+            for item in step.items:
+                grid[item.slot][index] = int(item.request_id)
+        return grid
+
+
+STEP = FixedStepCost(ms=1000.0)  # one virtual second per step: times are step numbers
+
+
+def run_trace(trace: list[TraceRequest], policy: str | Policy, max_num_seqs: int,
+              max_num_batched_tokens: int) -> TraceRun:
+    """Step the scheduler over `trace` until every request has finished."""
+    engine = SimulatedEngine(STEP, policy, max_num_seqs, max_num_batched_tokens,
+                             max_model_len=max(r.prompt_len + r.output_len for r in trace))
+    records = replay(engine, [[PLACEHOLDER_TOKEN] * r.prompt_len for r in trace],
+                     [benchmark_params(r.output_len) for r in trace], offsets=[r.arrival_step for r in trace])
+    ran = {round(step.start): step for step in engine.step_log}
+    steps = [ran.get(t) or StepRecord(t, t, t + 1, (), 0) for t in range(round(engine.clock.now()))]
+    step_of = lambda t: round(t) - 1  # noqa: E731 - a token's time is the end of the step that made it
+    return TraceRun(steps, [step_of(r.chunk_times[0]) for r in records], [step_of(r.chunk_times[-1]) for r in records],
+                    max_num_seqs)

@@ -1,12 +1,8 @@
 """What one engine step costs, as a function of what it computes: the simulator's clock.
 
-A step's time depends on its shape, not on token values. As Vidur keys its operators, the shape
-here is four numbers (plus the step itself, a fixed overhead):
-- prefill tokens: rows of prompt (or prompt chunk) through every linear layer;
-- decode sequences: one row each through the linears, one sampled token each;
-- attended KV tokens: the keys the decodes read, summed (decode attention streams the cache);
-- prefill attention pairs: query-key pairs of the prefill chunks (a chunk of n tokens after
-  `start` cached ones has n*start + n(n+1)/2): the quadratic term of long prompts.
+A step's time depends on its shape (infer.engine.step_record.StepShape), not on token values:
+prefill tokens, decode sequences, the KV tokens the decodes read, and the query-key pairs of the
+prefill chunks, plus the step itself, a fixed overhead.
 
 Two cost models read a shape: `LinearStepCost`, fitted to step times measured on this machine
 (non-negative least squares: no feature may make a step cheaper), and `RooflineStepCost`, from a
@@ -15,12 +11,11 @@ bytes at full bandwidth, plus an overhead), for a machine we cannot run on.
 """
 
 import itertools
-import time
 from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from infer.engine.scheduler import Work
+from infer.engine.step_record import StepShape
 from infer.memory import kv_token_bytes
 from infer.model import Arch
 from infer.roofline import linear_parameters
@@ -28,77 +23,9 @@ from infer.roofline import linear_parameters
 FEATURES = ("steps", "prefill_tokens", "decode_seqs", "decode_kv_tokens", "prefill_attention_pairs")
 
 
-@dataclass(frozen=True)
-class StepShape:
-    prefill_tokens: int
-    decode_seqs: int
-    decode_kv_tokens: int
-    prefill_attention_pairs: int
-    sampled_rows: int  # rows that go through the output head (decodes, and prompts that end here)
-
-    def features(self) -> np.ndarray:
-        return np.array([1.0, self.prefill_tokens, self.decode_seqs, self.decode_kv_tokens,
-                         self.prefill_attention_pairs])
-
-
-def step_shape(work: list[Work]) -> StepShape:
-    """The shape of one step's work items."""
-    prefill = [w for w in work if w.start < w.seq.num_prompt_tokens]
-    decodes = [w for w in work if w.start >= w.seq.num_prompt_tokens]
-    return StepShape(
-        prefill_tokens=sum(w.num_tokens for w in prefill),
-        decode_seqs=len(decodes),
-        decode_kv_tokens=sum(w.start + 1 for w in decodes),
-        prefill_attention_pairs=sum(w.num_tokens * w.start + w.num_tokens * (w.num_tokens + 1) // 2 for w in prefill),
-        sampled_rows=sum(w.samples for w in work))
-
-
-@dataclass(frozen=True)
-class TraceItem:
-    request_id: str
-    prefill: bool  # a prompt chunk (True) or one decode token (False)
-    start: int  # first position computed
-    num_tokens: int
-
-
-@dataclass(frozen=True)
-class StepTrace:
-    """One step as it ran (or was simulated): when, what shape, and each request's part in it."""
-
-    start: float  # seconds
-    end: float
-    shape: StepShape
-    items: tuple[TraceItem, ...]
-
-    @property
-    def ms(self) -> float:
-        return (self.end - self.start) * 1e3
-
-
-def trace_items(work: list[Work]) -> tuple[TraceItem, ...]:
-    return tuple(TraceItem(w.seq.request_id, w.start < w.seq.num_prompt_tokens, w.start, w.num_tokens) for w in work)
-
-
-class StepRecorder:
-    """Stands in for an engine's model runner and times each step it runs, with its shape.
-
-    `engine.runner = StepRecorder(engine.runner)`: the engine is unchanged, the recorder passes
-    every step on and writes down its shape, its items and its start and end times (the runner
-    returns sampled tokens on the host, so the device is synchronized at the end)."""
-
-    def __init__(self, runner):
-        self.runner = runner
-        self.steps: list[StepTrace] = []
-
-    def run(self, work: list[Work]) -> list[int]:
-        shape, items = step_shape(work), trace_items(work)
-        start = time.perf_counter()
-        tokens = self.runner.run(work)
-        self.steps.append(StepTrace(start, time.perf_counter(), shape, items))
-        return tokens
-
-    def __getattr__(self, name):  # num_forwards and the rest of the runner's attributes
-        return getattr(self.runner, name)
+def features(shape: StepShape) -> np.ndarray:
+    """The shape as the linear model's inputs, in FEATURES order (1 for the step's fixed overhead)."""
+    return np.array([1.0, shape.prefill_tokens, shape.decode_seqs, shape.decode_kv_tokens, shape.prefill_attention_pairs])
 
 
 @dataclass(frozen=True)
@@ -118,7 +45,7 @@ class LinearStepCost:
     ms_per_unit: dict[str, float]  # keyed by FEATURES
 
     def step_ms(self, shape: StepShape) -> float:
-        return float(np.dot([self.ms_per_unit[f] for f in FEATURES], shape.features()))
+        return float(np.dot([self.ms_per_unit[f] for f in FEATURES], features(shape)))
 
     @classmethod
     def fit(cls, shapes: list[StepShape], step_ms: list[float]) -> "LinearStepCost":
@@ -133,7 +60,7 @@ class LinearStepCost:
         y = np.asarray(step_ms, dtype=float)
         if not np.all(y > 0):
             raise ValueError("step times must be positive milliseconds")
-        x = np.stack([s.features() for s in shapes]) / y[:, None]
+        x = np.stack([features(s) for s in shapes]) / y[:, None]
         target = np.ones_like(y)  # (x . c) / y should be 1
         scale = np.maximum(np.abs(x).max(axis=0), 1e-12)  # columns of similar size for lstsq
         best, best_error = None, np.inf

@@ -4,7 +4,6 @@ workload (with each step's slot occupancy), and a concurrency sweep of the conti
 Everything runs the real engine in real time through `infer.engine.replay`, so the metrics are
 week 03's, computed from per-token times."""
 
-import random
 from dataclasses import dataclass
 
 import matplotlib.pyplot as plt
@@ -13,9 +12,10 @@ import numpy as np
 from infer.experiments.sequential_baseline import run_sequential_server
 from infer.engine.engine import Engine
 from infer.engine.replay import replay
-from infer.engine.sequence import SamplingParams
+from infer.engine.sequence import benchmark_params
 from infer.metrics import calculate_metrics
 from infer.prompts import random_prompt_ids
+from infer.workloads import Workload, mixed_workload
 
 
 @dataclass(frozen=True)
@@ -37,10 +37,6 @@ STUDY_SIZES = {
 }
 
 
-def greedy(n: int) -> SamplingParams:
-    return SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True)
-
-
 @dataclass(frozen=True)
 class PolicyRun:
     policy: str
@@ -49,11 +45,10 @@ class PolicyRun:
     step_kinds: list[str]  # "prefill" or "decode", per step
 
 
-def mixed_workload(config, sizes: StudySizes, seed: int = 0) -> tuple[list[list[int]], list[int]]:
-    rng = random.Random(seed)
-    lens = [(rng.randint(*sizes.mixed_input), rng.randint(*sizes.mixed_output)) for _ in range(sizes.mixed_prompts)]
-    prompts = [random_prompt_ids(config, n, seed=seed * 1000 + i)[0].tolist() for i, (n, _) in enumerate(lens)]
-    return prompts, [out for _, out in lens]
+def comparison_workload(config, sizes: StudySizes, seed: int = 0) -> Workload:
+    """The static vs continuous comparison's requests: varied prompt and output lengths, all at once."""
+    return mixed_workload("mixed", config.vocab_size, sizes.mixed_prompts, sizes.mixed_input, sizes.mixed_output,
+                          seed=seed)
 
 
 def compare_policies(model, prompts: list[list[int]], output_lens: list[int], max_num_seqs: int,
@@ -68,19 +63,18 @@ def compare_policies(model, prompts: list[list[int]], output_lens: list[int], ma
             engine = Engine(model, policy=policy, max_num_seqs=max_num_seqs,
                             max_num_batched_tokens=max_num_seqs * max(map(len, prompts)), max_model_len=longest,
                             log_steps=True)
-            replay(engine, prompts[:1], greedy(2))
+            replay(engine, prompts[:1], benchmark_params(2))  # warm-up
             engine.step_log.clear()
-            records = replay(engine, prompts, [greedy(n) for n in output_lens])
+            records = replay(engine, prompts, [benchmark_params(n) for n in output_lens])
             trials[policy].append((calculate_metrics(records), engine.step_log))
     runs = []
     for policy, results in trials.items():
         metrics, step_log = sorted(results, key=lambda r: r[0]["output_throughput"])[len(results) // 2]
-        ids = {}  # engine request id -> index in prompts (the engine numbered the warm-up first)
         grid = np.full((max_num_seqs, len(step_log)), -1)
         for step, log in enumerate(step_log):
-            for request_id, slot in zip(log.request_ids, log.slots):
-                grid[slot, step] = ids.setdefault(request_id, len(ids))
-        kinds = ["prefill" if log.num_prefill_tokens else "decode" for log in step_log]
+            for item in log.items:
+                grid[item.slot, step] = int(item.request_id)  # replay numbers the requests as given
+        kinds = [log.kind for log in step_log]
         runs.append(PolicyRun(policy, metrics, grid, kinds))
     return runs
 
@@ -94,8 +88,9 @@ def concurrency_sweep(model, config, sizes: StudySizes, progress=None) -> list[d
         prompts = [random_prompt_ids(config, sizes.sweep_input_len, seed=100 + i)[0].tolist() for i in range(count)]
         engine = Engine(model, max_num_seqs=level, max_num_batched_tokens=level * sizes.sweep_input_len,
                         max_model_len=sizes.sweep_input_len + sizes.sweep_output_len)
-        replay(engine, prompts[:1], greedy(2))  # warm-up
-        metrics = calculate_metrics(replay(engine, prompts, greedy(sizes.sweep_output_len), max_concurrency=level))
+        replay(engine, prompts[:1], benchmark_params(2))  # warm-up
+        metrics = calculate_metrics(replay(engine, prompts, benchmark_params(sizes.sweep_output_len),
+                                           max_concurrency=level))
         rows.append({"concurrency": level, **metrics,
                      "littles_law_concurrency": metrics["request_throughput"] * metrics["mean_e2el_ms"] / 1e3})
         if progress is not None:

@@ -1,47 +1,31 @@
 """Week 06's experiments: decode stalls under prefill-first scheduling, mixed steps, token-budget
 sweeps with goodput, and the simulator checked against the engine.
 
-Every experiment runs the real engine (infer.engine) through `replay`, with a `StepRecorder` in
-place of its model runner, so that each run yields both vLLM-style request records and a trace
-of its steps (shape, time, each request's part): the Gantt charts and the simulator's
-calibration data come from the same runs as the metrics. The heavy measurements run once, as
+Every experiment runs the real engine (infer.engine) through `replay` with its step log on, so
+that each run yields both vLLM-style request records and a record of its steps (shape, time,
+each request's part): the Gantt charts and the simulator's calibration data come from the same
+runs as the metrics. The heavy measurements run once, as
 `python -m infer.experiments.chunked_prefill_run`, which writes results/06_*.json; the notebooks read those.
 """
 
 import math
 import random
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import torch
 
-from infer.engine import Engine, SamplingParams
-from infer.engine.replay import arrival_offsets, replay
-from infer.engine.step_costs import StepRecorder, StepTrace
+from infer.engine import Engine
+from infer.engine.replay import replay
+from infer.engine.sequence import benchmark_params
+from infer.engine.step_record import StepRecord
 from infer.kv_cache import KVCache
 from infer.metrics import calculate_metrics
 from infer.paged_attention import PagedKV
 from infer.records import RequestRecord
+from infer.workloads import Workload, random_prompt
 from infer.timing import benchmark
 
 PERCENTILES = (50, 90, 99)
-
-
-@dataclass(frozen=True)
-class Workload:
-    """Requests as exact token counts: prompt ids, output lengths, send times (seconds)."""
-
-    name: str
-    prompts: list[list[int]]
-    output_lens: list[int]
-    offsets: list[float]
-
-    @property
-    def prompt_lens(self) -> list[int]:
-        return [len(p) for p in self.prompts]
-
-
-def random_prompt(rng: random.Random, length: int, vocab_size: int) -> list[int]:
-    return [rng.randrange(vocab_size) for _ in range(length)]
 
 
 def stall_workload(decode_step_s: float, prefill_s: float, vocab_size: int, *, num_decoding: int = 24,
@@ -58,15 +42,6 @@ def stall_workload(decode_step_s: float, prefill_s: float, vocab_size: int, *, n
     return Workload("stalls", short + long, [128] * num_decoding + [32] * len(long), offsets)
 
 
-def mixed_workload(name: str, num_requests: int, prompt_range: tuple[int, int], output_range: tuple[int, int],
-                   request_rate: float, vocab_size: int, seed: int) -> Workload:
-    """Random lengths (uniform in the ranges) arriving as a Poisson process at `request_rate`/s."""
-    rng = random.Random(seed)
-    prompts = [random_prompt(rng, rng.randint(*prompt_range), vocab_size) for _ in range(num_requests)]
-    outputs = [rng.randint(*output_range) for _ in range(num_requests)]
-    return Workload(name, prompts, outputs, arrival_offsets(num_requests, request_rate, seed=seed))
-
-
 @dataclass
 class Run:
     """One workload served by the real engine: its records, its steps and vLLM's metrics."""
@@ -75,7 +50,7 @@ class Run:
     budget: int
     workload: Workload
     records: list[RequestRecord]
-    steps: list[StepTrace]
+    steps: list[StepRecord]
 
     def metrics(self, slo_ms: dict[str, float] | None = None) -> dict:
         return calculate_metrics(self.records, slo_ms=slo_ms, percentiles=PERCENTILES)
@@ -87,13 +62,11 @@ def serve(model, workload: Workload, policy: str, budget: int, *, max_num_seqs: 
     flight, a new one sent when one finishes); greedy, EOS ignored."""
     engine = Engine(model, policy=policy, max_num_seqs=max_num_seqs, max_num_batched_tokens=budget,
                     max_model_len=max_model_len, log_steps=True)
-    engine.runner = recorder = StepRecorder(engine.runner)
-    params = [SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True) for n in workload.output_lens]
-    records = replay(engine, workload.prompts, params, offsets=workload.offsets, max_concurrency=max_concurrency)
-    # each step's time as the engine logged it (scheduling and bookkeeping included, not only the
+    records = replay(engine, workload.prompts, [benchmark_params(n) for n in workload.output_lens],
+                     offsets=workload.offsets, max_concurrency=max_concurrency)
+    # each step's time as the engine logs it (scheduling and bookkeeping included, not only the
     # forward pass): that is what the requests wait for, so it is what the simulator must charge
-    steps = [replace(trace, start=log.start, end=log.end) for trace, log in zip(recorder.steps, engine.step_log, strict=True)]
-    return Run(policy, budget, workload, records, steps)
+    return Run(policy, budget, workload, records, engine.step_log)
 
 
 def median_step_s(model, batch: int, context: int, vocab_size: int) -> tuple[float, float]:
@@ -101,7 +74,7 @@ def median_step_s(model, batch: int, context: int, vocab_size: int) -> tuple[flo
     step of those `batch` sequences after it: the stall workload's time units."""
     rng = random.Random(1)
     prompts = [random_prompt(rng, context, vocab_size) for _ in range(batch)]
-    params = SamplingParams(max_tokens=64, temperature=0.0, ignore_eos=True)
+    params = benchmark_params(64)
     prefill, decode = [], []
     for _ in range(3):
         engine = Engine(model, policy="chunked", max_num_seqs=batch, max_num_batched_tokens=batch * context,

@@ -5,12 +5,12 @@ simulator produced) and draws it on the axes it is given; the caller saves with 
 import matplotlib.pyplot as plt
 import numpy as np
 
-from infer.engine.step_costs import StepTrace
+from infer.engine.step_record import StepRecord
 
 PREFILL_COLOR, DECODE_COLOR = "tab:orange", "tab:blue"
 
 
-def plot_gantt(ax: plt.Axes, steps: list[StepTrace], title: str, *, request_order: list[str] | None = None) -> None:
+def plot_gantt(ax: plt.Axes, steps: list[StepRecord], title: str, *, request_order: list[str] | None = None) -> None:
     """One row per request: an orange bar for every step that ran a chunk of its prompt, a blue
     tick for every step that decoded one of its tokens. A long orange bar with the blue rows
     stopped beside it is a stall."""

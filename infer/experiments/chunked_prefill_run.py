@@ -21,10 +21,9 @@ import matplotlib.pyplot as plt
 import numpy as np
 from tqdm.auto import tqdm
 
-from infer.experiments.chunked_prefill import (Workload, best_budget, median_step_s, mixed_workload, relative_error, serve,
-                                   stall_summary, stall_workload, summarize_run, time_step_kinds)
+from infer.experiments.chunked_prefill import (best_budget, median_step_s, relative_error, serve, stall_summary,
+                                               stall_workload, summarize_run, time_step_kinds)
 from infer.experiments.chunked_prefill_plots import plot_budget_sweep, plot_gantt, plot_itl_distribution, plot_simulated_vs_measured
-from infer.engine.replay import arrival_offsets
 from infer.engine.simulator import simulate
 from infer.engine.step_costs import FEATURES, LinearStepCost, RooflineStepCost
 from infer.metrics import calculate_metrics, request_latencies_ms, save_results, slo_from_profile
@@ -34,6 +33,7 @@ from infer.plotting import save_figure
 from infer.profiles import PROFILES, pick_profile
 from infer.provenance import provenance
 from infer.timing import cpu_threads
+from infer.workloads import Workload, arrival_offsets, mixed_workload
 
 CPU_BUDGETS = (32, 128, 512, 2048)
 CPU_CONCURRENCY = (4, 16)
@@ -74,8 +74,8 @@ def sweep(model, vocab_size: int, slo_ms: dict, meta: dict, profile: str):
     runs, records = [], []
     grid = [(c, b) for c in CPU_CONCURRENCY for b in CPU_BUDGETS]
     for concurrency, budget in tqdm(grid, desc="budget x concurrency"):
-        workload = mixed_workload(f"sweep-c{concurrency}", 3 * concurrency, (32, 512), (16, 32), float("inf"),
-                                  vocab_size, seed=concurrency)
+        workload = mixed_workload(f"sweep-c{concurrency}", vocab_size, 3 * concurrency, (32, 512), (16, 32),
+                                  seed=concurrency)
         run = serve(model, workload, "chunked", budget, max_num_seqs=concurrency, max_concurrency=concurrency)
         runs.append((concurrency, run))
         records.append({"max_concurrency": concurrency, **summarize_run(run, slo_ms)})
@@ -91,7 +91,7 @@ def sweep(model, vocab_size: int, slo_ms: dict, meta: dict, profile: str):
 
 def calibration_runs(model, vocab_size: int):
     """Runs whose steps fit the cost model: varied prompts, budgets and policies, none of them the sweep's."""
-    workload = mixed_workload("calibration", 16, (16, 768), (8, 32), float("inf"), vocab_size, seed=1234)
+    workload = mixed_workload("calibration", vocab_size, 16, (16, 768), (8, 32), seed=1234)
     return [serve(model, workload, policy, budget, max_num_seqs=8)
             for policy, budget in (("chunked", 24), ("chunked", 160), ("continuous", 1024))]
 

@@ -27,7 +27,7 @@ from tqdm.auto import tqdm
 from infer import hf
 from infer.engine.engine import Engine
 from infer.engine.replay import replay
-from infer.engine.sequence import SamplingParams
+from infer.engine.sequence import benchmark_params
 from infer.experiments.hf_batching import continuous_batched_generate, static_batched_generate
 from infer.metrics import calculate_metrics, results_dir
 from infer.model import Transformer
@@ -38,6 +38,7 @@ from infer.profiles import pick_profile
 from infer.prompts import random_prompt_ids
 from infer.provenance import provenance
 from infer.timing import benchmark, cpu_threads, synchronize
+from infer.workloads import Workload
 
 MAX_NUM_SEQS = 32  # the engine's slots, and transformers' static batch size
 TARGETS = {  # issue 10: ratios of output tokens/s within one run (the last: a cost ratio, lower is better)
@@ -46,17 +47,6 @@ TARGETS = {  # issue 10: ratios of output tokens/s within one run (the last: a c
     "continuous_vs_generate_batch": (">=", 10.0),
     "decode_step_vs_bare_forward": ("<=", 1.3),
 }
-
-
-@dataclass(frozen=True)
-class Workload:
-    name: str
-    prompts: list[list[int]]
-    output_lens: list[int]
-
-    @property
-    def max_model_len(self) -> int:
-        return max(len(p) + n for p, n in zip(self.prompts, self.output_lens))
 
 
 def make_workload(name: str, config, num_prompts: int = 64, seed: int = 0) -> Workload:
@@ -72,17 +62,13 @@ def make_workload(name: str, config, num_prompts: int = 64, seed: int = 0) -> Wo
     return Workload(name, prompts, output_lens)
 
 
-def greedy(n: int) -> SamplingParams:
-    return SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True)
-
-
 def run_engine(model, workload: Workload, policy: str) -> dict:
     engine = Engine(model, policy=policy, max_num_seqs=MAX_NUM_SEQS,
                     max_num_batched_tokens=MAX_NUM_SEQS * max(map(len, workload.prompts)),
                     max_model_len=workload.max_model_len, log_steps=True)
-    replay(engine, workload.prompts[:2], [greedy(4)] * 2)  # warm-up
+    replay(engine, workload.prompts[:2], [benchmark_params(4)] * 2)  # warm-up
     engine.step_log.clear()
-    records = replay(engine, workload.prompts, [greedy(n) for n in workload.output_lens])
+    records = replay(engine, workload.prompts, [benchmark_params(n) for n in workload.output_lens])
     metrics = calculate_metrics(records)
     metrics["num_steps"] = len(engine.step_log)
     return metrics
@@ -133,7 +119,7 @@ def decode_step_costs(lm, model, batch: int = MAX_NUM_SEQS, context: int = 288, 
                     max_model_len=context + 2 * repeats + 8)
     prompt = random_prompt_ids(lm.config, context, seed=1)[0].tolist()
     for _ in range(batch):
-        engine.add_request(prompt, greedy(2 * repeats + 4))
+        engine.add_request(prompt, benchmark_params(2 * repeats + 4))
     engine.step()  # every prefill; what follows are decode steps of `batch` sequences
     engine_step = benchmark(engine.step, device=device, warmup=2, repeats=repeats)
 

@@ -4,9 +4,9 @@ with `--backend openai --dataset-name random`, written so that it can be read.
 - The workload is vLLM's random dataset (the same lengths, offsets and token sequences for the
   same seed), but sent as token ids, so that every prompt is exactly as long as it says. vLLM
   decodes its ids to text and the server encodes them again, which can change the count.
-- Requests leave at `request_rate` per second with gamma-distributed gaps (`burstiness` 1 is a
-  Poisson process, as in vLLM), or all at once for an infinite rate; `max_concurrency` caps the
-  requests in flight. A request's clock starts when it is actually sent, after it got a slot.
+- Requests leave at `request_rate` per second as vLLM schedules them (infer.workloads.arrival_offsets:
+  gamma gaps, `burstiness` 1 a Poisson process), or all at once for an infinite rate;
+  `max_concurrency` caps the requests in flight. A request's clock starts when it is actually sent, after it got a slot.
 - One warm-up request runs first and must succeed, or the run stops with the server's reason.
 - Each stream becomes an infer.records.RequestRecord (stream_record), and week 03's
   infer.metrics.calculate_metrics turns the records into vLLM's result keys.
@@ -23,6 +23,7 @@ import numpy as np
 
 from infer.metrics import calculate_metrics
 from infer.records import RequestRecord
+from infer.workloads import arrival_offsets
 
 COMPLETIONS_PATH = "/v1/completions"
 CLIENT_TIMEOUT_S = 6 * 3600  # vLLM's client waits this long too: a slow server is measured, not cut off
@@ -58,26 +59,6 @@ def workload_for_model(config, num_prompts: int, input_len: int, output_len: int
     special = [getattr(config, key, None) for key in ("bos_token_id", "eos_token_id", "pad_token_id")]
     return random_workload(config.vocab_size, [i for i in special if i is not None], num_prompts, input_len,
                            output_len, **kwargs)
-
-
-def send_offsets_s(num_requests: int, request_rate: float, burstiness: float = 1.0, seed: int = 0) -> list[float]:
-    """When each request leaves, in seconds after the first: gamma gaps of mean 1 / rate and shape
-    `burstiness`, rescaled so that the last one leaves at num_requests / rate (vLLM does the same,
-    so that different seeds give the same average rate). An infinite rate sends everything at 0."""
-    if not request_rate > 0:
-        raise ValueError(f"request_rate must be > 0 requests/s (inf: all at once), got {request_rate}")
-    if not burstiness > 0:
-        raise ValueError(f"burstiness must be > 0 (1 is a Poisson process), got {burstiness}")
-    if math.isinf(request_rate):
-        return [0.0] * num_requests
-    if math.isinf(burstiness):
-        gaps = np.full(num_requests, 1.0 / request_rate)
-    else:
-        gaps = np.random.default_rng(seed).gamma(shape=burstiness, scale=1.0 / (request_rate * burstiness),
-                                                 size=num_requests)
-    offsets = np.cumsum(gaps)
-    offsets *= (num_requests / request_rate) / offsets[-1]
-    return offsets.tolist()
 
 
 # ---------------------------------------------------------------- one stream
@@ -160,7 +141,7 @@ async def run_benchmark_async(base_url: str, model: str, requests: list[BenchReq
     if max_concurrency is not None and max_concurrency < 1:
         raise ValueError(f"max_concurrency must be >= 1 (or None: no cap), got {max_concurrency}")
     url = base_url.rstrip("/") + COMPLETIONS_PATH
-    offsets = send_offsets_s(len(requests), request_rate, burstiness, seed)
+    offsets = arrival_offsets(len(requests), request_rate, burstiness, seed)
     limits = httpx.Limits(max_connections=max_concurrency or len(requests), max_keepalive_connections=None)
     async with httpx.AsyncClient(timeout=httpx.Timeout(CLIENT_TIMEOUT_S), limits=limits) as client:
         warmup = await send_request(client, url, model, requests[0], ignore_eos)

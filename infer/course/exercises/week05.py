@@ -1,7 +1,7 @@
 """Lab 05 code checks: the continuous admission decision, and one engine step as one forward.
 
 - `check_admission(admit)`: the student's decision goes into the engine's prefill-first policy
-  and runs scripted arrival traces (infer.engine.trace: no model, steps only); every step's batch
+  and runs scripted arrival traces (infer.engine.simulator.run_trace: no model, steps only); every step's batch
   must match the reference. A mismatch is diagnosed by replaying the trace with the usual wrong
   decisions (static batching, no token budget, slots ignored, a short prompt overtaking the head
   of the queue) and naming the one that behaves like the student's.
@@ -19,7 +19,7 @@ from infer.course.checks import LibraryCalls, Verdict, case_rng, library_call_ve
 from infer.engine import Engine, SamplingParams
 from infer.engine.scheduler import PrefillFirst, admit_continuous
 from infer.engine.model_runner import flatten
-from infer.engine.trace import TraceRequest, run_trace
+from infer.engine.simulator import TraceRequest, run_trace
 
 ADMISSION_QID = "05.lab.admission"
 STEP_QID = "05.lab.step_forward"
@@ -94,8 +94,7 @@ def admission_traces(rng: random.Random) -> list[tuple[str, list[TraceRequest], 
 
 
 def _batches(admit, trace, max_num_seqs, budget) -> list[tuple[str, tuple[int, ...]]]:
-    run = run_trace(trace, PrefillFirst("continuous", admit), max_num_seqs, budget, max_steps=2_000)
-    return [(step.kind, step.requests) for step in run.steps]
+    return run_trace(trace, PrefillFirst("continuous", admit), max_num_seqs, budget).batches()
 
 
 def _safe_batches(admit, trace, max_num_seqs, budget):

@@ -16,7 +16,7 @@ import time
 
 from infer.course.checks import Case, Verdict, as_number, distinct_pair, grade_function
 from infer.metrics import request_latencies_ms, results_dir
-from infer.provenance import REPO_ROOT
+from infer.paths import REPO_ROOT
 from infer.serve.client import parse_sse_line, stream_record
 
 QID = "07.lab.stream_timing"
