@@ -1,7 +1,7 @@
 """The model-free trace runner counts what the lecture and lab count by hand."""
 
 from infer.experiments.engine_bench import make_workload
-from infer.engine.trace import TraceRequest, run_trace
+from infer.engine.simulator import TraceRequest, run_trace
 
 
 def test_static_batching_steps_and_idle_slot_steps_follow_the_formula():
@@ -16,7 +16,7 @@ def test_continuous_batching_fills_a_freed_slot_at_the_next_step():
     trace = [TraceRequest(0, 8, 2), TraceRequest(0, 8, 6), TraceRequest(0, 8, 3)]
     run = run_trace(trace, "continuous", max_num_seqs=2, max_num_batched_tokens=64)
     # step 0 prefills 0 and 1; step 1 decodes both and request 0 ends; step 2 prefills request 2 alone
-    assert [(s.kind, s.requests) for s in run.steps[:4]] == [("prefill", (0, 1)), ("decode", (0, 1)),
+    assert run.batches()[:4] == [("prefill", (0, 1)), ("decode", (0, 1)),
                                                               ("prefill", (2,)), ("decode", (1, 2))]
     assert run.first_token_step == [0, 0, 2] and run.finish_step[0] == 1
     grid = run.occupancy()
@@ -26,7 +26,7 @@ def test_continuous_batching_fills_a_freed_slot_at_the_next_step():
 def test_token_budget_limits_one_prefill_step():
     trace = [TraceRequest(0, n, 2) for n in (60, 30, 50, 10)]
     run = run_trace(trace, "continuous", max_num_seqs=4, max_num_batched_tokens=100)
-    assert run.steps[0].requests == (0, 1)  # 50 does not fit after 90, and 10 may not overtake it
+    assert run.batches()[0][1] == (0, 1)  # 50 does not fit after 90, and 10 may not overtake it
 
 
 def test_benchmark_workloads_are_the_issues():
