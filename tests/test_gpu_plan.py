@@ -27,7 +27,7 @@ def test_dry_run_prints_a_plan_within_the_budget_and_its_assumptions():
     assert done.returncode == 0, done.stderr[-2000:]
     total = re.search(r"^total: (\d+) s of 600 s", done.stdout, re.MULTILINE)
     assert total and int(total.group(1)) <= BUDGET_S, done.stdout[-2000:]
-    assert "estimate:" in done.stdout and "hf_decode_ms" in done.stdout, "each assumed step time says where it comes from"
+    assert "estimate:" in done.stdout and "hf_decode_ms" in done.stdout, "each assumed step time says its source"
     for notebook in NOTEBOOKS:
         assert re.search(rf"^(run |skip) +{re.escape(notebook)} ", done.stdout, re.MULTILINE), f"{notebook} not planned"
 

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from infer.prompts import random_prompt_ids
-from infer.strict_devices import HOST_MARK, StrictDeviceError, StrictDevices, is_course_code
+from infer.strict_devices import DEFERRED, HOST_MARK, StrictDeviceError, StrictDevices, is_course_code
 from tests.notebook_files import REPO_ROOT
 
 
@@ -98,3 +98,13 @@ def test_the_mixing_study_synchronizes_its_timings(tiny, monkeypatch):
     model = Transformer.from_hf(tiny.model)
     chunked_prefill.time_step_kinds(model, num_tokens=4, context=8, repeats=1)
     assert devices and all(d == model.embed.weight.device for d in devices), devices
+
+
+def test_a_deferred_file_warns_once_instead_of_failing(capsys):
+    """The files item 8 was rewriting (DEFERRED) report their factories without a device, once a line."""
+    deferred = compile("import torch\nfor _ in range(2):\n    torch.tensor([1, 2])\n",
+                       str(REPO_ROOT / DEFERRED[0]), "exec")
+    with StrictDevices("cpu"):
+        exec(deferred)
+    warnings = capsys.readouterr().err.strip().splitlines()
+    assert len(warnings) == 1 and warnings[0].startswith("strict devices, deferred"), warnings

@@ -27,12 +27,13 @@ import subprocess
 import sys
 import time
 import xml.etree.ElementTree as ET
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
 
-from infer.course.gpu_plan import ASSUMED_H100, BUDGET_S, CHECK_PROFILE, StepTimes, format_plan, plan
+from infer.availability import error_line
+from infer.course.gpu_plan import ASSUMED_H100, BUDGET_S, CHECK_PROFILE, NotebookPlan, StepTimes, format_plan, plan
 from infer.course.notebooks import CELL_TIMEOUT_S
 from infer.course.profile_run import (REPO_ROOT, course_notebooks, run_notebook, shown_path, skipped_line,
                                       write_summary)
@@ -136,6 +137,19 @@ def main(argv: list[str] | None = None) -> int:
     return run_check(args.out, notebooks, args.weights)
 
 
+@dataclass
+class Report:
+    """What summary.txt will say, gathered as the check goes (and printed as it goes)."""
+
+    lines: list[str] = field(default_factory=list)  # one per step: the tests, then each notebook
+    failures: list[str] = field(default_factory=list)
+    skips: list[str] = field(default_factory=list)  # what could not run inside a test or notebook, and why
+
+    def add(self, line: str) -> None:
+        self.lines.append(line)
+        print(line, flush=True)
+
+
 def run_check(out: Path, notebooks: list[str], weights: str) -> int:
     started = time.perf_counter()
     shutil.rmtree(out, ignore_errors=True)
@@ -144,30 +158,19 @@ def run_check(out: Path, notebooks: list[str], weights: str) -> int:
     (out / "provenance.json").write_text(json.dumps(meta, indent=2) + "\n")
     print(f"gpu-check on {meta['gpu']} (driver {meta['driver']}, torch {meta['torch']}) -> {out}", flush=True)
     print(format_plan(plan(notebooks, ASSUMED_H100), ASSUMED_H100) + "\n", flush=True)
-    failures, skips, lines = [], [], []
+    report = Report()
     try:
-        failures, skips = run_gpu_tests(out)
+        report.failures, report.skips = run_gpu_tests(out)
         tests_s = time.perf_counter() - started
-        lines.append(f"GPU-only tests: {len(failures)} failed, {len(skips)} skipped ({tests_s:.0f} s; tests.log)")
-        print(lines[-1], flush=True)
-        times = measure_step_times(PROFILES[CHECK_PROFILE], ASSUMED_H100, tests_s)
+        report.add(f"GPU-only tests: {len(report.failures)} failed, {len(report.skips)} skipped ({tests_s:.0f} s; "
+                   f"tests.log)")
+        times = step_times_here(tests_s, report)
         plans = plan(notebooks, times, left_s=BUDGET_S - (time.perf_counter() - started))
         (out / "plan.txt").write_text(format_plan(plans, times) + "\n")
         print(f"\nThe plan again, with this GPU's step times (plan.txt):\n{format_plan(plans, times)}\n", flush=True)
-        for p in plans:
-            left = BUDGET_S - (time.perf_counter() - started)
-            if p.skip_reason or p.seconds > left:
-                lines.append(skipped_line(p.notebook, p.skip_reason or f"estimated {p.seconds:.0f} s, {left:.0f} s "
-                                                                        f"of the budget left"))
-            else:
-                run = run_notebook(REPO_ROOT / p.notebook, CHECK_PROFILE, out, weights=weights,
-                                   cell_timeout_s=cell_limit_s(p.seconds, left))
-                lines.append(run.summary_line(estimated_s=p.seconds))
-                failures += [run.line] if run.error else []
-                skips += [f"{run.notebook}: {line}" for line in run.skip_lines]
-            print(lines[-1], flush=True)
+        run_planned(plans, out, weights, started + BUDGET_S, report)
     except Exception as exc:  # noqa: BLE001 - the summary is written whatever stops the check
-        failures.append(f"gpu-check itself stopped: {type(exc).__name__}: {exc}")
+        report.failures.append(f"gpu-check itself stopped: {type(exc).__name__}: {exc}")
         raise
     finally:
         elapsed = time.perf_counter() - started
@@ -175,11 +178,36 @@ def run_check(out: Path, notebooks: list[str], weights: str) -> int:
                   f"{BUDGET_S / 60:.0f}{'' if elapsed <= BUDGET_S else ' (OVER the budget)'}",
                   f"notebooks on the {CHECK_PROFILE} profile (the gpu profile's model at the sizes of plan.txt), "
                   f"{weights} weights (--weights)"]
-        tail = ["", "Failed:", *(failures or ["nothing"]), "", "Could not run, and why:", *(skips or ["nothing"])]
-        summary = write_summary(out, header, lines + tail)
+        tail = ["", "Failed:", *(report.failures or ["nothing"]), "", "Could not run, and why:",
+                *(report.skips or ["nothing"])]
+        summary = write_summary(out, header, report.lines + tail)
         print("\n".join(tail[1:]))
         print(f"Everything is in {out}; {summary.name} holds this list.")
-    return 0 if not failures else 1
+    return 0 if not report.failures else 1
+
+
+def step_times_here(tests_s: float, report: Report) -> StepTimes:
+    """This GPU's step times, or the assumed ones (said in the report) when measuring them fails."""
+    try:
+        return measure_step_times(PROFILES[CHECK_PROFILE], ASSUMED_H100, tests_s)
+    except Exception as exc:  # noqa: BLE001 - the notebooks can still run on the assumed step times
+        report.add(f"step times not measured ({error_line(exc)}): the plan keeps its assumptions")
+        return replace(ASSUMED_H100, gpu_tests_s=tests_s)
+
+
+def run_planned(plans: list[NotebookPlan], out: Path, weights: str, deadline: float, report: Report) -> None:
+    """Each planned notebook while its estimate fits before `deadline` (a perf_counter time)."""
+    for p in plans:
+        left = deadline - time.perf_counter()
+        if p.skip_reason or p.seconds > left:
+            report.add(skipped_line(p.notebook, p.skip_reason or f"estimated {p.seconds:.0f} s, {left:.0f} s of "
+                                                                 f"the budget left"))
+            continue
+        run = run_notebook(REPO_ROOT / p.notebook, CHECK_PROFILE, out, weights=weights,
+                           cell_timeout_s=cell_limit_s(p.seconds, left))
+        report.add(run.summary_line(estimated_s=p.seconds))
+        report.failures += [run.line] if run.error else []
+        report.skips += [f"{run.notebook}: {line}" for line in run.skip_lines]
 
 
 if __name__ == "__main__":

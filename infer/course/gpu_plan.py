@@ -12,10 +12,12 @@ is skipped with its estimate and the reason, never silently cut.
     make gpu-check DRY=1        # this plan, on any machine (python -m infer.course.gpu_check --dry-run)
 """
 
+import inspect
 import math
 from dataclasses import dataclass, field, replace
 from typing import Callable
 
+from infer.attention import tiled_attention
 from infer.experiments.attention_bench import sweep_config
 from infer.experiments.batching_study import STUDY_SIZES
 from infer.experiments.cache_speed import speed_sizes
@@ -128,8 +130,8 @@ def _week00(profile: Profile, t: StepTimes) -> Estimate:
 
 def _week01(profile: Profile, t: StepTimes) -> Estimate:
     s = phase_sizes(profile)
-    sweep_ms = sum((1 + s.prefill_repeats) * t.forward_ms(n, t.hf_decode_ms)  # prefill, warm-up first
-                   + t.forward_ms(n, t.hf_decode_ms) + (1 + s.decode_repeats) * t.hf_decode_ms  # one context, then steps
+    # per length: the timed prefills after a warm-up; then one prefill of context, and the decode steps
+    sweep_ms = sum((2 + s.prefill_repeats) * t.forward_ms(n, t.hf_decode_ms) + (1 + s.decode_repeats) * t.hf_decode_ms
                    for n in s.sweep_prompt_lens)
     return Estimate(f"prompts {s.sweep_prompt_lens}, repeats {s.prefill_repeats}/{s.decode_repeats}, "
                     f"naive loop {s.naive_prompt_len} + {s.naive_new_tokens} tokens", (
@@ -179,9 +181,10 @@ def _week03(profile: Profile, t: StepTimes) -> Estimate:
 def _week04(profile: Profile, t: StepTimes) -> Estimate:
     config = sweep_config(profile)
     calls = config.warmup + config.repeats + 1  # and one more for the peak memory
+    block = inspect.signature(tiled_attention).parameters["block_q"].default
     tiled_ms = 0.0
     for n in config.seq_lens:
-        call_ms = (n / 64) ** 2 / 2 * TILE_PAIR_MS  # causal: half of the (query block, key block) pairs
+        call_ms = (n / block) ** 2 / 2 * TILE_PAIR_MS  # causal: half of the (query block, key block) pairs
         if call_ms / 1e3 > config.max_call_s:  # the sweep's time guard skips it from here on
             break
         tiled_ms += calls * call_ms

@@ -155,7 +155,8 @@ def gpu_memory_share(free_bytes: int, total_bytes: int) -> float:
 
 
 def vllm_commands(profile, model_id: str, result_dir: str = "results/vllm", port: int = 8000,
-                  num_warmups: int = 2, gpu_memory_utilization: float | None = None) -> tuple[list[str], list[list[str]]]:
+                  num_warmups: int = 2,
+                  gpu_memory_utilization: float | None = None) -> tuple[list[str], list[list[str]]]:
     """`vllm serve` and one `vllm bench serve` per grid cell, for the profile's grid and SLOs.
 
     The completions endpoint (`--backend openai`) sends the prompt as is: the chat endpoint
