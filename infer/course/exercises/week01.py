@@ -109,14 +109,16 @@ class SlowDevice:
 
 
 def _sleep_cycles(ms: float) -> int:
-    """The GPU clock cycles that torch.cuda._sleep needs to wait `ms`, measured (clock rates differ)."""
+    """The GPU clock cycles that torch.cuda._sleep needs to wait `ms`, measured (clock rates differ);
+    0 if the wait cannot be measured, and then nothing is slowed and nothing is claimed."""
     probe_cycles = 10_000_000
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
     torch.cuda._sleep(probe_cycles)
     end.record()
     end.synchronize()
-    return int(probe_cycles * ms / start.elapsed_time(end))
+    probe_ms = start.elapsed_time(end)
+    return int(probe_cycles * ms / probe_ms) if probe_ms > 0 else 0
 
 
 def _timestamps_verdict(fn, case: Case) -> Verdict | None:
