@@ -9,7 +9,7 @@ import ipywidgets
 import matplotlib.pyplot as plt
 
 from infer.experiments.prefill_decode import PhaseTiming
-from infer.provenance import provenance_line
+from infer.plotting import COLUMN_WIDTH_IN, make_legible, stamp_provenance
 
 
 def request_latency_split_ms(row: PhaseTiming, output_tokens: int) -> dict[str, float]:
@@ -22,24 +22,27 @@ def request_latency_split_ms(row: PhaseTiming, output_tokens: int) -> dict[str, 
 
 
 def draw_phase_split(row: PhaseTiming, output_tokens: int, meta: dict[str, str] | None = None) -> plt.Figure:
-    """Left: one request's time per phase. Right: what one prompt token and one output token cost."""
+    """Top: one request's time per phase. Bottom: what one prompt token and one output token cost.
+    Stacked, so that both stay legible in the site's column."""
     split = request_latency_split_ms(row, output_tokens)
     per_token = {"prompt token\n(prefill / prompt length)": row.prefill.median_ms / row.prompt_len,
                  "output token\n(one decode step)": row.decode_step.median_ms}
     ratio = per_token["output token\n(one decode step)"] / per_token["prompt token\n(prefill / prompt length)"]
-    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 3.6))
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(COLUMN_WIDTH_IN, 5.4))
     fig.suptitle(f"One request: {row.prompt_len} prompt + {output_tokens} output tokens, "
-                 f"{sum(split.values()):,.0f} ms in all (from measured medians)", fontsize=11)
-    for ax, values, unit in ((left, split, "ms"), (right, per_token, "ms per token")):
+                 f"{sum(split.values()):,.0f} ms in all (from measured medians)")
+    for ax, values, unit in ((top, split, "ms"), (bottom, per_token, "ms per token")):
         bars = ax.barh(list(values), list(values.values()), color=["C0", "C1"])
-        ax.bar_label(bars, labels=[f"{v:.3g}" if v < 100 else f"{v:,.0f}" for v in values.values()], padding=3, fontsize=8)
+        ax.bar_label(bars, labels=[f"{v:.3g}" if v < 100 else f"{v:,.0f}" for v in values.values()], padding=3)
         ax.set_xlabel(f"time ({unit})")
         ax.set_xlim(0, max(values.values()) * 1.25)  # room for the value labels
-    left.set_title("where the request's time goes", fontsize=10)
-    right.set_title(f"per token: an output token costs {ratio:,.0f}x a prompt token", fontsize=10)
-    if meta is not None:
-        fig.text(0.5, 0.005, provenance_line(meta), ha="center", va="bottom", fontsize=6, color="0.35", wrap=True)
-    fig.tight_layout(rect=(0, 0.06 if meta else 0, 1, 0.93))
+    top.set_title("where the request's time goes")
+    bottom.set_title(f"per token: an output token costs {ratio:,.0f}x a prompt token")
+    make_legible(fig)
+    if meta is None:
+        fig.tight_layout()
+    else:
+        stamp_provenance(fig, meta)
     return fig
 
 

@@ -29,10 +29,11 @@ def plot_gantt(ax: plt.Axes, steps: list[StepRecord], title: str, *, request_ord
     ax.set_yticks([])
     ax.set_xlabel("time since the first step (s)")
     ax.set_ylabel(f"request ({len(order)} rows)")
-    ax.set_title(title)
+    ax.set_title(title, loc="left")
+    # Above the plot, beside the title: inside it, the key would hide the rows it explains.
     ax.legend(handles=[plt.Rectangle((0, 0), 1, 1, color=PREFILL_COLOR, label="prefill chunk"),
                        plt.Rectangle((0, 0), 1, 1, color=DECODE_COLOR, label="decode token")],
-              loc="upper right", fontsize=8)
+              loc="lower right", bbox_to_anchor=(1, 1), ncol=2, frameon=False)
 
 
 def plot_itl_distribution(ax: plt.Axes, itls_ms: dict[str, list[float]]) -> None:
@@ -45,11 +46,11 @@ def plot_itl_distribution(ax: plt.Axes, itls_ms: dict[str, list[float]]) -> None
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.axhline(0.01, color="0.6", lw=0.8, ls="--")
-    ax.text(ax.get_xlim()[0], 0.011, " 1% (p99)", fontsize=8, color="0.4")
+    ax.text(ax.get_xlim()[0], 0.011, " 1% (p99)", color="0.4")
     ax.set_xlabel("inter-token latency (ms)")
     ax.set_ylabel("share of ITLs above")
     ax.set_title("ITL distribution")
-    ax.legend(fontsize=8)
+    ax.legend()
 
 
 def plot_budget_sweep(axes, records: list[dict], load_key: str, load_label: str, *, stamp: str | None = None) -> None:
@@ -79,8 +80,8 @@ def plot_budget_sweep(axes, records: list[dict], load_key: str, load_label: str,
         ax.set_ylabel(what)
     ttft_ax.set_yscale("log")
     tpot_ax.set_yscale("log")
-    ttft_ax.legend(fontsize=6, ncol=2)
-    goodput_ax.legend(fontsize=7, title="red circle: goodput-best\nblack x: throughput-best", title_fontsize=7)
+    ttft_ax.legend(ncol=2)
+    goodput_ax.legend(title="red circle: goodput-best\nblack x: throughput-best")
     if stamp:
         for ax in axes:
             ax.text(0.5, 0.5, stamp, transform=ax.transAxes, ha="center", va="center", fontsize=22,
@@ -109,4 +110,4 @@ def plot_simulated_vs_measured(ax: plt.Axes, rows: list[dict]) -> None:
     ax.set_xlabel("measured on the engine (ms, or tok/s)")
     ax.set_ylabel("simulated (ms, or tok/s)")
     ax.set_title("simulator vs engine, held-out workloads")
-    ax.legend(fontsize=8)
+    ax.legend()

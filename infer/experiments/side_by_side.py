@@ -121,12 +121,13 @@ def format_table(runs: list[dict]) -> str:
 
 
 def plot_side_by_side(runs: list[dict], meta: dict):
-    """Throughput, TTFT and TPOT (p50 solid, p99 dashed) against concurrency, one colour per system."""
+    """Throughput, TTFT and TPOT (p50 solid, p99 dashed) against concurrency, one colour per system;
+    the three panels stacked, so that each spans the width where the figure is read."""
     import matplotlib.pyplot as plt
 
-    from infer.plotting import save_figure
+    from infer.plotting import COLUMN_WIDTH_IN, save_figure
 
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4.4))
+    fig, axes = plt.subplots(3, 1, figsize=(COLUMN_WIDTH_IN, 10), sharex=True)
     for index, system in enumerate(SYSTEMS):
         rows = sorted((r for r in runs if r["system"] == system), key=lambda r: r["max_concurrency"])
         if not rows:
@@ -135,22 +136,22 @@ def plot_side_by_side(runs: list[dict], meta: dict):
         color = f"C{index}"
         axes[0].plot(x, [r["output_throughput"] for r in rows], marker="o", color=color, label=system)
         for ax, metric in ((axes[1], "ttft"), (axes[2], "tpot")):
-            ax.plot(x, [r[f"median_{metric}_ms"] for r in rows], marker="o", color=color, label=f"{system} p50")
-            ax.plot(x, [r[f"p99_{metric}_ms"] for r in rows], marker="^", linestyle="--", color=color,
-                    label=f"{system} p99")
+            ax.plot(x, [r[f"median_{metric}_ms"] for r in rows], marker="o", color=color)
+            ax.plot(x, [r[f"p99_{metric}_ms"] for r in rows], marker="^", linestyle="--", color=color)
     labels = ("output throughput (tokens/s)", "TTFT (ms)", "TPOT (ms)")
     for ax, label in zip(axes, labels):
         ax.set_xscale("log", base=2)
         ax.set_xticks(CONCURRENCY, [str(c) for c in CONCURRENCY])
-        ax.set_xlabel("concurrency (requests in flight)")
         ax.set_ylabel(label)
         ax.grid(True, alpha=0.3)
-        ax.legend(fontsize=7)
+    axes[-1].set_xlabel("concurrency (requests in flight)")
     axes[0].set_ylim(bottom=0)
-    axes[1].set_yscale("log")
-    axes[2].set_yscale("log")
+    axes[0].legend(title="one colour per system")
+    for ax, metric in ((axes[1], "TTFT"), (axes[2], "TPOT")):
+        ax.set_yscale("log")
+        ax.set_title(f"{metric}: p50 solid, p99 dashed")
     fig.suptitle(f"{INPUT_LEN} in / {OUTPUT_LEN} out tokens, EOS ignored, greedy; one HTTP client for both servers "
-                 f"(transformers sequential: week 03's in-process harness)", fontsize=9)
+                 f"(transformers sequential: week 03's in-process harness)")
     return save_figure(fig, "07_side_by_side", meta)
 
 
