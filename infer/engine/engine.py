@@ -20,6 +20,7 @@ from tqdm.auto import tqdm
 from infer.engine.clock import WallClock
 from infer.engine.kv_store import KVStore, SlotKVStore
 from infer.engine.model_runner import ModelRunner
+from infer.engine.paged_kv_store import PagedKVStore
 from infer.engine.sampler import Sampler
 from infer.engine.scheduler import Limits, Policy, Scheduler, make_policy
 from infer.engine.sequence import CompletionResult, RequestOutput, SamplingParams, Sequence
@@ -29,9 +30,20 @@ from infer.engine.step_record import StepRecord, step_items
 class Engine:
     def __init__(self, model, policy: str | Policy = "continuous", max_num_seqs: int = 32,
                  max_num_batched_tokens: int = 2048, max_model_len: int = 2048, *,
-                 kv_store: KVStore | None = None, log_steps: bool = False):
+                 kv_store: str | KVStore = "slots", num_kv_blocks: int | None = None, block_size: int = 16,
+                 enable_prefix_caching: bool = False, log_steps: bool = False):
+        """kv_store: "slots" (one slot of max_model_len per sequence, weeks 05-07), "paged" (week 08:
+        `num_kv_blocks` blocks of `block_size` positions, by default as much memory as the slots
+        would take; optionally with prefix caching), or a store of your own."""
         self.model = model
-        kv_store = kv_store or SlotKVStore.for_model(model, max_num_seqs, max_model_len)
+        if kv_store == "slots":
+            kv_store = SlotKVStore.for_model(model, max_num_seqs, max_model_len)
+        elif kv_store == "paged":
+            num_kv_blocks = num_kv_blocks or max_num_seqs * -(-max_model_len // block_size)
+            kv_store = PagedKVStore.for_model(model, num_kv_blocks, block_size,
+                                              enable_prefix_caching=enable_prefix_caching)
+        elif isinstance(kv_store, str):
+            raise ValueError(f"unknown kv_store {kv_store!r}; valid: 'slots', 'paged', or a KVStore object")
         sampler = Sampler(model.embed.weight.device)
         eos = model.config.eos_token_id
         eos_ids = set() if eos is None else set(eos) if isinstance(eos, (list, tuple)) else {eos}

@@ -184,6 +184,12 @@ class Scheduler:
         work = self._within_kv_room(*self.policy.plan(list(self.waiting), list(self.running), self.limits))
         if not work and self.running:
             work = self._within_kv_room(*self.policy.plan([], list(self.running), self.limits))
+        if not work and self.waiting and not self.running:
+            head = self.waiting[0]
+            raise RuntimeError(f"request {head.request_id!r} ({head.num_uncomputed_tokens} tokens to compute) can "
+                               f"never be scheduled by policy {self.policy.name!r} with an empty engine: more than "
+                               f"max_num_batched_tokens={self.limits.max_num_batched_tokens} for a policy that does not "
+                               f"split prompts (after a preemption), or more than the KV store holds")
         return work
 
     def _within_kv_room(self, num_admitted: int, plan: list[tuple[Sequence, int]]) -> list[Work]:
