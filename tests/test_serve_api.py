@@ -3,6 +3,7 @@
 Every request of the bad-request corpus gets its 4xx, OpenAI-style error JSON and a message that
 names what was wrong; none gets a 500, and the server keeps serving afterwards."""
 
+import concurrent.futures
 import json
 import time
 
@@ -178,3 +179,20 @@ def test_the_server_still_serves_after_the_corpus(http):
     reply = http.post("/v1/completions", json={"prompt": [1, 2], "max_tokens": 2, "ignore_eos": True})
     assert reply.status_code == 200 and reply.json()["usage"]["completion_tokens"] == 2
     assert wait_until_idle(http)["infer:num_requests_running"] == 0
+
+
+def test_metrics_show_preemptions_and_prefix_hits_of_a_paged_store_under_pressure(tiny):
+    """Eight concurrent requests sharing a 64-token beginning, in a pool with room for about three."""
+    settings = EngineSettings(max_num_seqs=8, max_num_batched_tokens=256, max_model_len=128, kv_store="paged",
+                              num_kv_blocks=16, block_size=16, enable_prefix_caching=True)
+    shared = list(range(10, 74))
+    with start_server(tiny, settings, model_name="tiny") as running, httpx.Client(base_url=running.url, timeout=120) as http:
+        http.post("/v1/completions", json={"model": "tiny", "prompt": shared + [5], "max_tokens": 2})  # caches the beginning
+        bodies = [{"model": "tiny", "prompt": shared + [100 + i], "max_tokens": 48, "ignore_eos": True} for i in range(8)]
+        with concurrent.futures.ThreadPoolExecutor(8) as pool:
+            replies = list(pool.map(lambda body: http.post("/v1/completions", json=body), bodies))
+        assert all(r.status_code == 200 for r in replies), [r.text for r in replies if r.status_code != 200]
+        gauges = read_metrics(http.get("/metrics").text)
+    assert gauges["infer:num_preemptions"] > 0, "a pool of 16 blocks for 8 requests of 7 blocks each must preempt"
+    assert gauges["infer:prefix_cache_hit_rate"] > 0.5, "the shared 64 tokens (4 blocks) should be found in the cache"
+    assert gauges["infer:kv_cache_usage_perc"] == 0

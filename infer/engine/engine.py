@@ -151,6 +151,10 @@ class Engine:
     def num_preemptions(self) -> int:
         return self.scheduler.num_preemptions
 
+    @property
+    def prefix_cache_hit_rate(self) -> float:
+        return getattr(self.kv_store, "hit_rate", 0.0)  # 0 for a store without prefix caching
+
     # ------------------------------------------------------------ the loop
 
     def step(self) -> list[RequestOutput]:

@@ -21,10 +21,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--max-num-seqs", type=int, default=defaults.max_num_seqs)
     parser.add_argument("--max-num-batched-tokens", type=int, default=defaults.max_num_batched_tokens)
     parser.add_argument("--max-model-len", type=int, default=defaults.max_model_len)
+    parser.add_argument("--kv-store", default=defaults.kv_store, choices=("slots", "paged"))
+    parser.add_argument("--num-kv-blocks", type=int, default=defaults.num_kv_blocks)
+    parser.add_argument("--block-size", type=int, default=defaults.block_size)
+    parser.add_argument("--enable-prefix-caching", action="store_true")
     args = parser.parse_args(argv)
 
     lm = load_model(profile=pick_profile(args.profile), weights=args.weights)
-    settings = EngineSettings(args.policy, args.max_num_seqs, args.max_num_batched_tokens, args.max_model_len)
+    settings = EngineSettings(args.policy, args.max_num_seqs, args.max_num_batched_tokens, args.max_model_len,
+                              args.kv_store, args.num_kv_blocks, args.block_size, args.enable_prefix_caching)
     served = build_served(lm, settings)
     url = f"http://{LOOPBACK}:{args.port}/v1"
     print(f"Serving {served.model_name} ({settings.policy} policy) at {url}  (OpenAI-compatible; also "

@@ -35,12 +35,14 @@ class ServerMetrics:
         gauge("infer:num_requests_waiting", "Requests queued for admission.", lambda: len(scheduler.waiting))
         gauge("infer:kv_cache_usage_perc", "Fraction of the KV store in use (1 = full).",
               lambda: engine.kv_store.usage)
+        # The slot store reserves a whole sequence up front, so nothing is ever preempted; week 08's
+        # paged store preempts when its blocks run out. Read from the engine, like the gauges.
+        gauge("infer:num_preemptions", "Requests preempted so far to free KV room (recomputed later).",
+              lambda: engine.num_preemptions)
+        gauge("infer:prefix_cache_hit_rate", "Prompt tokens found in the prefix cache, over those looked up.",
+              lambda: engine.prefix_cache_hit_rate)
         self.open_streams = Gauge("infer:num_open_responses", "HTTP responses still being written.",
                                   list(labels), registry=self.registry).labels(**labels)
-        # The slot store reserves a whole sequence up front, so nothing is ever preempted; week 08's
-        # paged store preempts when blocks run out, and counts it here.
-        self.preemptions = Counter("infer:num_preemptions", "Requests preempted to free KV room.", list(labels),
-                                   registry=self.registry).labels(**labels)
         self._finished = Counter("infer:request_success", "Requests ended, by finish reason (abort: the "
                                  "client left).", [*labels, "finished_reason"], registry=self.registry)
         self._labels = labels

@@ -37,13 +37,19 @@ class EngineSettings:
     max_num_seqs: int = 32
     max_num_batched_tokens: int = 2048
     max_model_len: int = 2048
+    kv_store: str = "slots"  # or "paged" (week 08), with the three settings below
+    num_kv_blocks: int | None = None  # None: as much memory as the slots would take
+    block_size: int = 16
+    enable_prefix_caching: bool = False
 
 
 def build_served(lm, settings: EngineSettings = EngineSettings(), model_name: str | None = None) -> Served:
     """The course's Transformer with `lm`'s weights in an engine, its loop started."""
     model = Transformer.from_hf(lm.model)
     engine = Engine(model, policy=settings.policy, max_num_seqs=settings.max_num_seqs,
-                    max_num_batched_tokens=settings.max_num_batched_tokens, max_model_len=settings.max_model_len)
+                    max_num_batched_tokens=settings.max_num_batched_tokens, max_model_len=settings.max_model_len,
+                    kv_store=settings.kv_store, num_kv_blocks=settings.num_kv_blocks, block_size=settings.block_size,
+                    enable_prefix_caching=settings.enable_prefix_caching)
     name = model_name or lm.name
     metrics = ServerMetrics(engine, name)
     return Served(EngineThread(engine, metrics).start(), with_chat_template(lm.tokenizer), name,
@@ -139,6 +145,9 @@ def running_server_process(profile: str, settings: EngineSettings, log_path: str
     command = [sys.executable, "-m", "infer.serve", "--port", str(port), "--profile", profile, "--weights", "random",
                "--policy", settings.policy, "--max-num-seqs", str(settings.max_num_seqs),
                "--max-num-batched-tokens", str(settings.max_num_batched_tokens),
-               "--max-model-len", str(settings.max_model_len)]
+               "--max-model-len", str(settings.max_model_len), "--kv-store", settings.kv_store,
+               "--block-size", str(settings.block_size),
+               *(["--num-kv-blocks", str(settings.num_kv_blocks)] if settings.num_kv_blocks else []),
+               *(["--enable-prefix-caching"] if settings.enable_prefix_caching else [])]
     with server_process(command, port, log_path, startup_timeout_s) as url:
         yield url
