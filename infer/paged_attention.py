@@ -107,8 +107,8 @@ class PagedKV:
                 first_decode_block = blocks[0]
         tables = [table[:widest] + [0] * (widest - len(table[:widest])) for _, table in decodes]  # 0: masked anyway
 
-        def on_device(values) -> torch.Tensor:
-            return torch.tensor(values, dtype=torch.long).to(device, non_blocking=True)
+        def on_device(values) -> torch.Tensor:  # built on the host, moved once
+            return torch.tensor(values, dtype=torch.long, device="cpu").to(device, non_blocking=True)
 
         prefills = [PrefillRun(run.rows, run.start, run.end, on_device(table[:-(-run.end // block_size)]))
                     for run, table in zip(runs, block_tables) if run.n > 1]

@@ -112,7 +112,8 @@ def time_step_kinds(model, num_tokens: int, context: int, *, repeats: int = 15) 
     device = model.embed.weight.device
     prompt = torch.randint(model.arch.vocab_size, (context,), device=device)
     for slot in range(num_tokens + 1):  # every slot holds `context` tokens of history
-        model(prompt, torch.arange(context), cache, torch.full((context,), slot), logits_rows=torch.tensor([context - 1]))
+        model(prompt, torch.arange(context, device="cpu"), cache, torch.full((context,), slot, device="cpu"),
+              logits_rows=torch.tensor([context - 1], device=device))
 
     def step(num_prefill: int, num_decodes: int):
         chunk_slot = num_tokens  # the prefill chunk continues slot `num_tokens`' prompt
@@ -120,8 +121,9 @@ def time_step_kinds(model, num_tokens: int, context: int, *, repeats: int = 15) 
         slots = [chunk_slot] * num_prefill + list(range(num_decodes))
         token_ids = torch.randint(model.arch.vocab_size, (len(slots),), device=device)
         rows = ([num_prefill - 1] if num_prefill else []) + list(range(num_prefill, num_prefill + num_decodes))
-        kv = PagedKV.for_slots(cache, torch.tensor(positions), torch.tensor(slots))  # as the engine's runner builds it
-        return lambda: model(token_ids, torch.tensor(positions), kv, logits_rows=torch.tensor(rows, device=device))
+        positions = torch.tensor(positions, device="cpu")
+        kv = PagedKV.for_slots(cache, positions, torch.tensor(slots, device="cpu"))  # as the engine's runner builds it
+        return lambda: model(token_ids, positions, kv, logits_rows=torch.tensor(rows, device=device))
 
     kinds = {"prefill_only": step(num_tokens, 0), "decode_only": step(0, num_tokens), "mixed": step(half, half),
              "prefill_half": step(half, 0), "decode_half": step(0, half)}
