@@ -1,0 +1,174 @@
+"""Week 08's measurements: what a paged KV store saves, what it lets run, and what it costs.
+
+- `reservation_waste`: for a workload's lengths, the KV positions reserved vs used, by the slot
+  store (max_model_len per sequence) and by the paged store at several block sizes (only the last
+  block is partly empty). Arithmetic over lengths: no model.
+- `capacity_at_equal_memory`: the same KV memory as a few slots, given as slots or as blocks; how
+  many sequences run at once and the output throughput, the two stores in alternating rounds.
+- `prefix_caching_ttft`: requests that share a long system prompt, one at a time, with prefix
+  caching off and on, in alternating rounds: TTFT and the hit rate.
+- `indirection_cost`: one decode step of a full batch through block tables of small blocks vs
+  through slots read in place, timed in alternating rounds.
+
+`python -m infer.experiments.paged_kv` runs them all and writes results/08_paged_kv_<profile>.json.
+"""
+
+import argparse
+import random
+import statistics
+import time
+
+import torch
+from tqdm.auto import tqdm
+
+from infer.engine import Engine
+from infer.engine.replay import replay
+from infer.engine.sequence import benchmark_params
+from infer.metrics import calculate_metrics, save_results
+from infer.model import Transformer
+from infer.models import load_model
+from infer.profiles import pick_profile
+from infer.provenance import provenance
+from infer.timing import cpu_threads
+from infer.workloads import Workload, mixed_workload, random_prompt
+
+BLOCK_SIZES = (1, 2, 4, 8, 16, 32, 64)
+
+
+def reservation_waste(total_lens: list[int], max_model_len: int, block_sizes=BLOCK_SIZES) -> dict:
+    """Fraction of reserved KV positions that hold no token, each sequence at its full length."""
+    used = sum(total_lens)
+
+    def waste(reserved: int) -> float:
+        return 1 - used / reserved
+
+    return {"slots": waste(max_model_len * len(total_lens)),
+            **{f"paged_b{b}": waste(sum(-(-n // b) * b for n in total_lens)) for b in block_sizes}}
+
+
+def spread(values: list[float]) -> dict:
+    return {"median": statistics.median(values), "min": min(values), "max": max(values), "rounds": values}
+
+
+def serve_once(engine: Engine, workload: Workload) -> dict:
+    engine.step_log.clear()
+    metrics = calculate_metrics(replay(engine, workload.prompts, [benchmark_params(n) for n in workload.output_lens]))
+    return {**metrics, "max_running": max(step.num_running for step in engine.step_log),
+            "preemptions": engine.num_preemptions}
+
+
+def capacity_at_equal_memory(model, workload: Workload, *, slots: int, max_model_len: int, block_size: int = 16,
+                             rounds: int = 3) -> dict:
+    """Room for `slots` sequences of max_model_len, as slots or as blocks of `block_size`."""
+    num_blocks = slots * max_model_len // block_size
+    engines = {
+        "slots": Engine(model, "chunked", max_num_seqs=slots, max_model_len=max_model_len, log_steps=True),
+        "paged": Engine(model, "chunked", max_num_seqs=len(workload.prompts), max_model_len=max_model_len,
+                        kv_store="paged", num_kv_blocks=num_blocks, block_size=block_size, log_steps=True),
+    }
+    for engine in engines.values():
+        replay(engine, workload.prompts[:2], benchmark_params(4))  # warm-up
+    runs = {name: [] for name in engines}
+    for _ in tqdm(range(rounds), desc="capacity: slots vs paged, alternating"):
+        for name, engine in engines.items():
+            runs[name].append(serve_once(engine, workload))
+    return {name: {"output_throughput": spread([r["output_throughput"] for r in results]),
+                   "max_running": max(r["max_running"] for r in results),
+                   "preemptions": results[-1]["preemptions"]} for name, results in runs.items()} | {
+        "kv_positions": slots * max_model_len, "num_slots": slots, "num_blocks": num_blocks, "block_size": block_size,
+        "throughput_ratio_paged_over_slots": statistics.median(r["output_throughput"] for r in runs["paged"])
+        / statistics.median(r["output_throughput"] for r in runs["slots"])}
+
+
+def shared_prefix_workload(vocab_size: int, num_requests: int, prefix_len: int, suffix_len: int, output_len: int,
+                           seed: int = 0) -> Workload:
+    """A system prompt of `prefix_len` tokens that every request starts with, then its own suffix."""
+    rng = random.Random(seed)
+    system_prompt = random_prompt(rng, prefix_len, vocab_size)
+    prompts = [system_prompt + random_prompt(rng, suffix_len, vocab_size) for _ in range(num_requests)]
+    return Workload("shared-prefix", prompts, [output_len] * num_requests)
+
+
+def prefix_caching_ttft(model, workload: Workload, *, block_size: int = 16, rounds: int = 3) -> dict:
+    """One request at a time (concurrency 1): median TTFT with prefix caching off and on."""
+    max_model_len = workload.max_model_len
+    ttft = {"off": [], "on": []}
+    hit_rate = 0.0
+    for _ in tqdm(range(rounds), desc="prefix caching: off vs on, alternating"):
+        for mode in ttft:
+            engine = Engine(model, "chunked", max_num_seqs=4, max_num_batched_tokens=max_model_len,
+                            max_model_len=max_model_len, kv_store="paged", block_size=block_size,
+                            enable_prefix_caching=mode == "on", log_steps=True)
+            replay(engine, [workload.prompts[0][:32]], benchmark_params(2))  # warm-up, caches nothing shared
+            metrics = calculate_metrics(replay(engine, workload.prompts, [benchmark_params(n) for n in workload.output_lens],
+                                               max_concurrency=1))
+            ttft[mode].append(metrics["median_ttft_ms"])
+            hit_rate = engine.prefix_cache_hit_rate if mode == "on" else hit_rate
+    return {"median_ttft_ms": {mode: spread(values) for mode, values in ttft.items()},
+            "ttft_ratio_off_over_on": statistics.median(ttft["off"]) / statistics.median(ttft["on"]),
+            "hit_rate": hit_rate, "num_requests": len(workload.prompts)}
+
+
+@torch.no_grad()
+def indirection_cost(model, batch: int = 32, context: int = 288, block_size: int = 16, steps: int = 20,
+                     rounds: int = 3) -> dict:
+    """Median ms of a decode step of `batch` sequences: slots read in place vs small blocks gathered."""
+    prompt = list(range(1, context + 1))
+    engines = {
+        "slots": Engine(model, max_num_seqs=batch, max_num_batched_tokens=batch * context,
+                        max_model_len=context + rounds * steps + 8),
+        "paged": Engine(model, max_num_seqs=batch, max_num_batched_tokens=batch * context,
+                        max_model_len=context + rounds * steps + 8, kv_store="paged", block_size=block_size),
+    }
+    for engine in engines.values():
+        for _ in range(batch):
+            engine.add_request(prompt, benchmark_params(rounds * steps + 4))
+        engine.step()  # every prefill; the steps timed below are decodes of `batch` sequences
+        engine.step()
+    step_ms = {name: [] for name in engines}
+    for _ in range(rounds):
+        for name, engine in engines.items():
+            times = []
+            for _ in range(steps):
+                start = time.perf_counter()
+                engine.step()
+                times.append((time.perf_counter() - start) * 1e3)
+            step_ms[name].append(statistics.median(times))
+    return {"batch": batch, "context": context, "block_size": block_size,
+            "decode_step_ms": {name: spread(values) for name, values in step_ms.items()},
+            "ratio_paged_over_slots": statistics.median(step_ms["paged"]) / statistics.median(step_ms["slots"])}
+
+
+TARGETS = {"throughput_ratio_paged_over_slots": (">=", 1.5), "ttft_ratio_off_over_on": (">=", 3.0),
+           "ratio_paged_over_slots": ("<=", 1.25)}
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(prog="python -m infer.experiments.paged_kv", description=__doc__)
+    parser.add_argument("--profile", default=None)
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args(argv)
+    profile = pick_profile(args.profile)
+    lm = load_model(profile=profile)
+    model = Transformer.from_hf(lm.model)
+    vocab = lm.config.vocab_size
+    varied = mixed_workload("varied", vocab, 128, (32, 128), (32, 128), seed=8)
+    with cpu_threads(1 if profile.device == "cpu" else None):
+        results = {
+            "waste": reservation_waste([len(p) + n for p, n in zip(varied.prompts, varied.output_lens)], 1024),
+            "capacity": capacity_at_equal_memory(model, varied, slots=8, max_model_len=1024, rounds=args.rounds),
+            "prefix": prefix_caching_ttft(model, shared_prefix_workload(vocab, 12, 1024, 16, 8), rounds=args.rounds),
+            "indirection": indirection_cost(model, rounds=args.rounds),
+        }
+    summary = {"throughput_ratio_paged_over_slots": results["capacity"]["throughput_ratio_paged_over_slots"],
+               "ttft_ratio_off_over_on": results["prefix"]["ttft_ratio_off_over_on"],
+               "ratio_paged_over_slots": results["indirection"]["ratio_paged_over_slots"]}
+    summary["targets"] = {key: f"{op} {value}: {'met' if (summary[key] >= value if op == '>=' else summary[key] <= value) else 'MISSED'}"
+                          for key, (op, value) in TARGETS.items()}
+    path = save_results(f"08_paged_kv_{profile.name}", [], provenance(lm), **results, summary=summary)
+    print(f"wrote {path}: {summary}")
+    return results
+
+
+if __name__ == "__main__":
+    main()
