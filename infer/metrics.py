@@ -22,9 +22,9 @@ import json
 import math
 import os
 import warnings
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Sequence
 
 import numpy as np
 
@@ -81,7 +81,11 @@ def validate_slo(slo_ms: dict[str, float] | None) -> dict[str, float]:
     slo_ms = dict(slo_ms or {})
     for key, value in slo_ms.items():
         if key not in SLO_KEYS:
-            hint = f" (write {key.removesuffix('_ms')!r}: the value is already in ms)" if key.removesuffix("_ms") in SLO_KEYS else ""
+            hint = (
+                f" (write {key.removesuffix('_ms')!r}: the value is already in ms)"
+                if key.removesuffix("_ms") in SLO_KEYS
+                else ""
+            )
             raise ValueError(f"unknown SLO {key!r}{hint}; valid SLO keys are {', '.join(SLO_KEYS)} (values in ms)")
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
             raise ValueError(f"SLO {key!r} must be a finite number of ms >= 0, got {value!r}")
@@ -105,7 +109,9 @@ def benchmark_duration_s(records: Sequence[RequestRecord]) -> float:
     return max(r.finish_time for r in records) - min(r.send_time for r in records)
 
 
-def request_goodput(records: Sequence[RequestRecord], slo_ms: dict[str, float], duration_s: float | None = None) -> float:
+def request_goodput(
+    records: Sequence[RequestRecord], slo_ms: dict[str, float], duration_s: float | None = None
+) -> float:
     """Successful requests per second that meet every SLO in `slo_ms`."""
     slo_ms = validate_slo(slo_ms)
     duration_s = benchmark_duration_s(records) if duration_s is None else duration_s
@@ -113,8 +119,13 @@ def request_goodput(records: Sequence[RequestRecord], slo_ms: dict[str, float], 
     return good / duration_s
 
 
-def calculate_metrics(records: Sequence[RequestRecord], *, slo_ms: dict[str, float] | None = None,
-                      percentiles: Iterable[float] = DEFAULT_PERCENTILES, duration_s: float | None = None) -> dict:
+def calculate_metrics(
+    records: Sequence[RequestRecord],
+    *,
+    slo_ms: dict[str, float] | None = None,
+    percentiles: Iterable[float] = DEFAULT_PERCENTILES,
+    duration_s: float | None = None,
+) -> dict:
     """vLLM's serving metrics of a run, under vLLM's result key names.
 
     `duration_s` defaults to the first send -> last finish span of the records; pass the wall
@@ -158,6 +169,24 @@ def calculate_metrics(records: Sequence[RequestRecord], *, slo_ms: dict[str, flo
     return result
 
 
+LITTLES_LAW_TOLERANCE = 0.10  # relative: a closed loop loses a little to its ramp-up and drain
+
+
+def littles_law_in_flight(metrics: dict) -> float:
+    """Requests in flight on average, by Little's law L = lambda x W: the request throughput times
+    the MEAN end-to-end latency, in seconds (the law is about means: a median would not do).
+
+    Over a run that starts and ends with nothing in flight, this is exactly the time-average number
+    of requests sent and not yet finished. So it checks the load, not the server: a closed loop
+    that keeps c requests in flight (a new one the moment one ends) comes back to about c; a
+    client that leaves gaps, a long drain at the end, or a burst of more than c requests does not."""
+    return metrics["request_throughput"] * metrics["mean_e2el_ms"] / 1e3
+
+
+def littles_law_holds(metrics: dict, concurrency: int, tolerance: float = LITTLES_LAW_TOLERANCE) -> bool:
+    """Did the run keep `concurrency` requests in flight on average, within `tolerance` (relative)?"""
+    return abs(littles_law_in_flight(metrics) / concurrency - 1) <= tolerance
+
 def _check_records(records) -> None:
     if records is None or len(records) == 0:
         raise ValueError("no request records: a benchmark needs at least one request")
@@ -172,8 +201,8 @@ def _check_records(records) -> None:
 def results_dir() -> Path:
     """Where results JSON goes: $INFER_RESULTS_DIR, else beside redirected figures ($INFER_FIGURES_DIR,
     set by the tests and `make site`, so that their runs never overwrite committed results), else results/."""
-    from infer.plotting import FIGURES_ENV_VAR
     from infer.paths import REPO_ROOT
+    from infer.plotting import FIGURES_ENV_VAR
 
     folder = os.environ.get(RESULTS_ENV_VAR) or os.environ.get(FIGURES_ENV_VAR) or REPO_ROOT / "results"
     folder = Path(folder)
@@ -187,8 +216,12 @@ def results_document(runs: list[dict], meta: dict, **extra) -> dict:
     missing = [key for key in required if key not in meta]
     if missing:
         raise ValueError(f"metadata lacks {', '.join(missing)}: build it with infer.provenance.provenance(lm)")
-    return {"metadata": dict(meta), **extra, "saved_at": datetime.datetime.now().isoformat(timespec="seconds"),
-            "runs": list(runs)}
+    return {
+        "metadata": dict(meta),
+        **extra,
+        "saved_at": datetime.datetime.now().isoformat(timespec="seconds"),
+        "runs": list(runs),
+    }
 
 
 def save_results(name: str, runs: list[dict], meta: dict, **extra) -> Path:

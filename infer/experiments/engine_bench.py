@@ -79,19 +79,32 @@ class WorkloadSpec:
     not_run: str = ""  # why the other systems sit this workload out
 
     def describe(self) -> str:
-        outputs = " and ".join(f"{share:.0%} U[{low},{high}]" if share < 1 else f"U[{low},{high}]"
-                               for share, (low, high) in self.output_ranges)
+        outputs = " and ".join(
+            f"{share:.0%} U[{low},{high}]" if share < 1 else f"U[{low},{high}]"
+            for share, (low, high) in self.output_ranges
+        )
         return f"{self.num_requests} requests, in U[{self.prompt_range[0]},{self.prompt_range[1]}], out {outputs}"
 
 
 WORKLOADS = {
     "uniform": WorkloadSpec("uniform", 64, (256, 256), ((1.0, (64, 64)),), SYSTEMS),
-    "mixed": WorkloadSpec("mixed", 64, (32, 512), ((1.0, (16, 128)),), (ENGINE_CONTINUOUS, ENGINE_STATIC, HF_STATIC),
-                          not_run=f"{HF_GENERATE_BATCH}: it takes one max_new_tokens for every request"),
-    "long-tailed": WorkloadSpec("long-tailed", 256, (32, 128), ((0.85, (8, 64)), (0.15, (256, 512))),
-                                (ENGINE_CONTINUOUS, ENGINE_STATIC),
-                                not_run=f"{HF_GENERATE_BATCH}: one max_new_tokens for all; {HF_STATIC}: padding is "
-                                        f"measured on 'mixed', and here it would add minutes"),
+    "mixed": WorkloadSpec(
+        "mixed",
+        64,
+        (32, 512),
+        ((1.0, (16, 128)),),
+        (ENGINE_CONTINUOUS, ENGINE_STATIC, HF_STATIC),
+        not_run=f"{HF_GENERATE_BATCH}: it takes one max_new_tokens for every request",
+    ),
+    "long-tailed": WorkloadSpec(
+        "long-tailed",
+        256,
+        (32, 128),
+        ((0.85, (8, 64)), (0.15, (256, 512))),
+        (ENGINE_CONTINUOUS, ENGINE_STATIC),
+        not_run=f"{HF_GENERATE_BATCH}: one max_new_tokens for all; {HF_STATIC}: padding is "
+        f"measured on 'mixed', and here it would add minutes",
+    ),
 }
 
 
@@ -106,20 +119,46 @@ class Effect:
 
 
 EFFECTS = (
-    Effect("padding_uniform", ENGINE_STATIC, HF_STATIC, "uniform",
-           "no padding here (equal lengths): the two implementations of one schedule alone"),
-    Effect("padding_mixed", ENGINE_STATIC, HF_STATIC, "mixed",
-           "the same batches; transformers pads each to its longest prompt and computes finished rows"),
-    Effect("continuous_vs_static_uniform", ENGINE_CONTINUOUS, ENGINE_STATIC, "uniform",
-           "control: every answer of a batch ends at the same step, so no slot idles"),
-    Effect("continuous_vs_static_mixed", ENGINE_CONTINUOUS, ENGINE_STATIC, "mixed",
-           "inside the engine: the policy alone"),
-    Effect("continuous_vs_static_long_tailed", ENGINE_CONTINUOUS, ENGINE_STATIC, "long-tailed",
-           "inside the engine: the policy alone, where a static batch waits for its longest answer",
-           target=(">=", 2.0, "issue 17")),
-    Effect("engine_vs_generate_batch_uniform", ENGINE_CONTINUOUS, HF_GENERATE_BATCH, "uniform",
-           "two continuous batchers: the engine against transformers' generate_batch()",
-           target=(">=", 10.0, "issue 10")),
+    Effect(
+        "padding_uniform",
+        ENGINE_STATIC,
+        HF_STATIC,
+        "uniform",
+        "no padding here (equal lengths): the two implementations of one schedule alone",
+    ),
+    Effect(
+        "padding_mixed",
+        ENGINE_STATIC,
+        HF_STATIC,
+        "mixed",
+        "the same batches; transformers pads each to its longest prompt and computes finished rows",
+    ),
+    Effect(
+        "continuous_vs_static_uniform",
+        ENGINE_CONTINUOUS,
+        ENGINE_STATIC,
+        "uniform",
+        "control: every answer of a batch ends at the same step, so no slot idles",
+    ),
+    Effect(
+        "continuous_vs_static_mixed", ENGINE_CONTINUOUS, ENGINE_STATIC, "mixed", "inside the engine: the policy alone"
+    ),
+    Effect(
+        "continuous_vs_static_long_tailed",
+        ENGINE_CONTINUOUS,
+        ENGINE_STATIC,
+        "long-tailed",
+        "inside the engine: the policy alone, where a static batch waits for its longest answer",
+        target=(">=", 2.0, "issue 17"),
+    ),
+    Effect(
+        "engine_vs_generate_batch_uniform",
+        ENGINE_CONTINUOUS,
+        HF_GENERATE_BATCH,
+        "uniform",
+        "two continuous batchers: the engine against transformers' generate_batch()",
+        target=(">=", 10.0, "issue 10"),
+    ),
 )
 
 
@@ -130,11 +169,13 @@ def make_workload(name: str, config, scale: float = 1.0, seed: int = 0) -> Workl
     spec, rng = WORKLOADS[name], random.Random(seed)
     count = max(2, round(spec.num_requests * scale))
     counts = [round(share * count) for share, _ in spec.output_ranges[1:]]  # exact shares: no luck in how many
-    counts = [count - sum(counts), *counts]                                   # answers are long
+    counts = [count - sum(counts), *counts]  # answers are long
     output_lens = [rng.randint(*bounds) for n, (_, bounds) in zip(counts, spec.output_ranges) for _ in range(n)]
     rng.shuffle(output_lens)
-    prompts = [random_prompt_ids(config, rng.randint(*spec.prompt_range), seed=seed * 10_000 + i)[0].tolist()
-               for i in range(count)]
+    prompts = [
+        random_prompt_ids(config, rng.randint(*spec.prompt_range), seed=seed * 10_000 + i)[0].tolist()
+        for i in range(count)
+    ]
     return Workload(name, prompts, output_lens)
 
 
@@ -150,16 +191,24 @@ def schedule_shares(steps: list[StepRecord], records: list[RequestRecord]) -> di
     decodes = [step for step in steps if step.kind == "decode"]
     start, end = min(r.send_time for r in records), max(r.chunk_times[-1] for r in records)
     last_admitted = max(r.chunk_times[0] for r in records)
-    return {"num_steps": len(steps), "decode_steps": len(decodes),
-            "mean_decode_batch": float(np.mean([step.shape.decode_seqs for step in decodes])) if decodes else 0.0,
-            "prefill_share": sum(step.ms for step in steps if step.kind == "prefill") / total_ms,
-            "drain_share": (end - last_admitted) / (end - start)}
+    return {
+        "num_steps": len(steps),
+        "decode_steps": len(decodes),
+        "mean_decode_batch": float(np.mean([step.shape.decode_seqs for step in decodes])) if decodes else 0.0,
+        "prefill_share": sum(step.ms for step in steps if step.kind == "prefill") / total_ms,
+        "drain_share": (end - last_admitted) / (end - start),
+    }
 
 
 def run_engine(model, workload: Workload, policy: str) -> dict:
-    engine = Engine(model, policy=policy, max_num_seqs=MAX_NUM_SEQS,
-                    max_num_batched_tokens=MAX_NUM_SEQS * max(workload.prompt_lens),
-                    max_model_len=workload.max_model_len, log_steps=True)
+    engine = Engine(
+        model,
+        policy=policy,
+        max_num_seqs=MAX_NUM_SEQS,
+        max_num_batched_tokens=MAX_NUM_SEQS * max(workload.prompt_lens),
+        max_model_len=workload.max_model_len,
+        log_steps=True,
+    )
     replay(engine, workload.prompts[:2], [benchmark_params(4)] * 2)  # warm-up
     engine.step_log.clear()
     records = replay(engine, workload.prompts, [benchmark_params(n) for n in workload.output_lens])
@@ -184,28 +233,39 @@ def run_system(system: str, lm, model, workload: Workload) -> dict:
         return run_engine(model, workload, system.removeprefix("engine-"))
     if system == HF_STATIC:
         static_batched_generate(hf_model, workload.prompts[:2], [4, 4], MAX_NUM_SEQS, pad)
-        return run_timed(lambda: static_batched_generate(hf_model, workload.prompts, workload.output_lens,
-                                                         MAX_NUM_SEQS, pad), workload, lm.device)
+        return run_timed(
+            lambda: static_batched_generate(hf_model, workload.prompts, workload.output_lens, MAX_NUM_SEQS, pad),
+            workload,
+            lm.device,
+        )
     if system == HF_GENERATE_BATCH:
         if len(set(workload.output_lens)) > 1:
-            raise ValueError(f"{HF_GENERATE_BATCH} takes one max_new_tokens for all requests; "
-                             f"workload {workload.name!r} asks for {len(set(workload.output_lens))} different ones")
+            raise ValueError(
+                f"{HF_GENERATE_BATCH} takes one max_new_tokens for all requests; "
+                f"workload {workload.name!r} asks for {len(set(workload.output_lens))} different ones"
+            )
         sizing = dict(max_batch_tokens=2048, num_blocks=MAX_NUM_SEQS * (-(-workload.max_model_len // 64)) + 8)
         continuous_batched_generate(hf_model, workload.prompts[:2], 4, **sizing)
-        return run_timed(lambda: continuous_batched_generate(hf_model, workload.prompts, workload.output_lens[0],
-                                                             **sizing), workload, lm.device)
+        return run_timed(
+            lambda: continuous_batched_generate(hf_model, workload.prompts, workload.output_lens[0], **sizing),
+            workload,
+            lm.device,
+        )
     raise ValueError(f"unknown system {system!r}; valid: {', '.join(SYSTEMS)}")
 
 
 def run_workload(lm, model, workload: Workload, systems: tuple[str, ...], rounds: int, bar) -> dict[str, list[dict]]:
     """Every system over the workload, in interleaved rounds; the bar counts output tokens served."""
+
     def timed(system):
         def run():
             bar.set_postfix_str(f"{workload.name}: {system}")
             result = run_system(system, lm, model, workload)
             bar.update(sum(workload.output_lens))
             return result
+
         return run
+
     return interleaved_rounds({system: timed(system) for system in systems}, rounds)
 
 
@@ -214,8 +274,9 @@ def run_workload(lm, model, workload: Workload, systems: tuple[str, ...], rounds
 
 def decoding_engine(model, config, batch: int, context: int, steps: int) -> Engine:
     """An engine holding `batch` sequences of `context` tokens, prefilled, with `steps` decode steps to go."""
-    engine = Engine(model, max_num_seqs=batch, max_num_batched_tokens=batch * context,
-                    max_model_len=context + steps + 2)
+    engine = Engine(
+        model, max_num_seqs=batch, max_num_batched_tokens=batch * context, max_model_len=context + steps + 2
+    )
     prompt = random_prompt_ids(config, context, seed=1)[0].tolist()
     for _ in range(batch):
         engine.add_request(prompt, benchmark_params(steps + 1))
@@ -227,18 +288,21 @@ def median_ms(fn, device, repeats: int) -> dict:
     return {"ms": benchmark(fn, device=device, warmup=1, repeats=repeats).median_ms}
 
 
-def step_cost_by_batch(model, config, device, batches=STEP_BATCHES, context: int = 128, rounds: int = MIN_ROUNDS,
-                       repeats: int = 8) -> dict:
+def step_cost_by_batch(
+    model, config, device, batches=STEP_BATCHES, context: int = 128, rounds: int = MIN_ROUNDS, repeats: int = 8
+) -> dict:
     """Median ms of one engine decode step at each batch size, the sizes interleaved in rounds."""
     engines = {b: decoding_engine(model, config, b, context, rounds * (repeats + 1) + 2) for b in batches}
-    runs = interleaved_rounds({str(b): (lambda e=e: median_ms(e.step, device, repeats)) for b, e in engines.items()},
-                              rounds)
+    runs = interleaved_rounds(
+        {str(b): (lambda e=e: median_ms(e.step, device, repeats)) for b, e in engines.items()}, rounds
+    )
     return {"context": context, "ms": {str(b): spread([r["ms"] for r in runs[str(b)]]) for b in batches}}
 
 
 @torch.no_grad()
-def decode_step_costs(lm, model, batch: int = MAX_NUM_SEQS, context: int = 288, rounds: int = 5,
-                      repeats: int = 8) -> dict:
+def decode_step_costs(
+    lm, model, batch: int = MAX_NUM_SEQS, context: int = 288, rounds: int = 5, repeats: int = 8
+) -> dict:
     """One decode step of `batch` sequences at about `context` tokens, three ways, interleaved in
     rounds: the engine's step(), the course model's bare forward over the same tokens (what the
     engine costs on top of its model), and transformers' [batch, 1] forward with a KV cache."""
@@ -251,16 +315,25 @@ def decode_step_costs(lm, model, batch: int = MAX_NUM_SEQS, context: int = 288, 
     logits_rows = torch.arange(batch, device=device)
     hf_cache = hf.new_cache(lm.model)
     hf.forward(lm.model, random_prompt_ids(lm.config, context, batch=batch, seed=1).to(device), hf_cache)
-    runs = interleaved_rounds({
-        "engine_step": lambda: median_ms(engine.step, device, repeats),
-        "own_model_forward": lambda: median_ms(lambda: model(tokens, positions, kv, logits_rows=logits_rows),
-                                               device, repeats),
-        "transformers_forward": lambda: median_ms(lambda: hf.forward(lm.model, tokens[:, None], hf_cache),
-                                                  device, repeats),
-    }, rounds)
-    return {"batch": batch, "context": context, "ms": {name: spread([r["ms"] for r in rs]) for name, rs in runs.items()},
-            "engine_step_vs_transformers_forward": ratio_spread(runs["engine_step"], runs["transformers_forward"], "ms"),
-            "engine_step_vs_own_forward": ratio_spread(runs["engine_step"], runs["own_model_forward"], "ms")}
+    runs = interleaved_rounds(
+        {
+            "engine_step": lambda: median_ms(engine.step, device, repeats),
+            "own_model_forward": lambda: median_ms(
+                lambda: model(tokens, positions, kv, logits_rows=logits_rows), device, repeats
+            ),
+            "transformers_forward": lambda: median_ms(
+                lambda: hf.forward(lm.model, tokens[:, None], hf_cache), device, repeats
+            ),
+        },
+        rounds,
+    )
+    return {
+        "batch": batch,
+        "context": context,
+        "ms": {name: spread([r["ms"] for r in rs]) for name, rs in runs.items()},
+        "engine_step_vs_transformers_forward": ratio_spread(runs["engine_step"], runs["transformers_forward"], "ms"),
+        "engine_step_vs_own_forward": ratio_spread(runs["engine_step"], runs["own_model_forward"], "ms"),
+    }
 
 
 # ---------------------------------------------------------------- the same on a GPU, simulated
@@ -275,17 +348,44 @@ def gpu_simulated(workloads: list[Workload], batches=STEP_BATCHES, context: int 
     cost = RooflineStepCost.for_model(MODEL_SPECS[gpu.model_name].config(), 2, **GPU_ROOFLINE)
     by_workload = {}
     for w in workloads:
-        runs = {policy: simulate(cost, w.prompt_lens, w.output_lens, policy=policy, max_num_seqs=MAX_NUM_SEQS,
-                                 max_num_batched_tokens=MAX_NUM_SEQS * max(w.prompt_lens),
-                                 max_model_len=w.max_model_len) for policy in SIMULATED_POLICIES}
-        by_workload[w.name] = {policy: {"output_throughput": calculate_metrics(run.records)["output_throughput"],
-                                        **schedule_shares(run.steps, run.records)} for policy, run in runs.items()}
-        by_workload[w.name]["continuous_vs_static"] = (by_workload[w.name]["continuous"]["output_throughput"]
-                                                       / by_workload[w.name]["static"]["output_throughput"])
-    step_ms = {str(b): cost.step_ms(StepShape(prefill_tokens=0, decode_seqs=b, decode_kv_tokens=b * context,
-                                              prefill_attention_pairs=0, sampled_rows=b)) for b in batches}
-    return {"kind": "SIMULATED", "model": gpu.model_name, "dtype": "bfloat16", "assumptions": cost.assumptions(),
-            "decode_step_ms_by_batch": {"context": context, "ms": step_ms}, "workloads": by_workload}
+        runs = {
+            policy: simulate(
+                cost,
+                w.prompt_lens,
+                w.output_lens,
+                policy=policy,
+                max_num_seqs=MAX_NUM_SEQS,
+                max_num_batched_tokens=MAX_NUM_SEQS * max(w.prompt_lens),
+                max_model_len=w.max_model_len,
+            )
+            for policy in SIMULATED_POLICIES
+        }
+        by_workload[w.name] = {
+            policy: {
+                "output_throughput": calculate_metrics(run.records)["output_throughput"],
+                **schedule_shares(run.steps, run.records),
+            }
+            for policy, run in runs.items()
+        }
+        by_workload[w.name]["continuous_vs_static"] = (
+            by_workload[w.name]["continuous"]["output_throughput"] / by_workload[w.name]["static"]["output_throughput"]
+        )
+    step_ms = {
+        str(b): cost.step_ms(
+            StepShape(
+                prefill_tokens=0, decode_seqs=b, decode_kv_tokens=b * context, prefill_attention_pairs=0, sampled_rows=b
+            )
+        )
+        for b in batches
+    }
+    return {
+        "kind": "SIMULATED",
+        "model": gpu.model_name,
+        "dtype": "bfloat16",
+        "assumptions": cost.assumptions(),
+        "decode_step_ms_by_batch": {"context": context, "ms": step_ms},
+        "workloads": by_workload,
+    }
 
 
 # ---------------------------------------------------------------- the summary
@@ -298,15 +398,24 @@ def summarize(runs: dict, step_costs: dict) -> dict:
         by_system = runs.get(effect.workload, {})
         if effect.faster not in by_system or effect.slower not in by_system:
             continue
-        entry = {**ratio_spread(by_system[effect.faster], by_system[effect.slower], "output_throughput"),
-                 "ratio": f"{effect.faster} / {effect.slower} output tokens/s, {effect.workload}", "what": effect.what}
+        entry = {
+            **ratio_spread(by_system[effect.faster], by_system[effect.slower], "output_throughput"),
+            "ratio": f"{effect.faster} / {effect.slower} output tokens/s, {effect.workload}",
+            "what": effect.what,
+        }
         summary[effect.key] = with_target(entry, effect.target)
     summary["engine_step_vs_transformers_forward"] = with_target(
-        {**step_costs["engine_step_vs_transformers_forward"], "ratio": "ms per decode step (lower is better)",
-         "what": "the engine's whole step against transformers' bare forward of the same shape"}, ("<=", 1.3, "issue 10"))
+        {
+            **step_costs["engine_step_vs_transformers_forward"],
+            "ratio": "ms per decode step (lower is better)",
+            "what": "the engine's whole step against transformers' bare forward of the same shape",
+        },
+        ("<=", 1.3, "issue 10"),
+    )
     overhead = step_costs["engine_step_vs_own_forward"]
     summary["engine_step_vs_own_forward"] = {
-        **overhead, "ratio": "ms per decode step (lower is better)",
+        **overhead,
+        "ratio": "ms per decode step (lower is better)",
         "what": "the engine's overhead (schedule, inputs, sampling, update) over its own model's forward",
         "resolved": overhead["min"] >= 1.0,  # an overhead cannot make a step faster: below 1 is noise
     }
@@ -325,36 +434,55 @@ def why_table(runs: dict, step_by_batch: dict) -> dict:
     """The reasons, measured: step cost against batch size, and per workload and engine policy the
     median prefill share, drain share and mean decode batch over the rounds."""
     shares = ("prefill_share", "drain_share", "mean_decode_batch")
-    workloads = {name: {system: {key: statistics.median(r[key] for r in by_system[system]) for key in shares}
-                        for system in (ENGINE_CONTINUOUS, ENGINE_STATIC) if system in by_system}
-                 for name, by_system in runs.items()}
+    workloads = {
+        name: {
+            system: {key: statistics.median(r[key] for r in by_system[system]) for key in shares}
+            for system in (ENGINE_CONTINUOUS, ENGINE_STATIC)
+            if system in by_system
+        }
+        for name, by_system in runs.items()
+    }
     ms = step_by_batch["ms"]
     smallest, largest = str(min(STEP_BATCHES)), str(max(STEP_BATCHES))
-    return {"decode_step_ms_by_batch": step_by_batch,
-            "decode_step_cost_largest_vs_smallest_batch": ms[largest]["median"] / ms[smallest]["median"],
-            "workloads": workloads}
+    return {
+        "decode_step_ms_by_batch": step_by_batch,
+        "decode_step_cost_largest_vs_smallest_batch": ms[largest]["median"] / ms[smallest]["median"],
+        "workloads": workloads,
+    }
 
 
-def format_report(runs: dict, summary: dict, why: dict, gpu: dict) -> str:
+def format_report(workloads: dict[str, Workload], runs: dict, summary: dict, why: dict, gpu: dict) -> str:
     lines = []
     for name, by_system in runs.items():
-        lines.append(f"{name} ({WORKLOADS[name].describe()}):")
+        lines.append(f"{name} ({len(workloads[name].prompts)} requests; full size: {WORKLOADS[name].describe()}):")
         for system, results in by_system.items():
-            lines.append(f"  {system:>20}: {format_spread(spread([r['output_throughput'] for r in results]), '.0f')}"
-                         " output tok/s")
+            lines.append(
+                f"  {system:>20}: {format_spread(spread([r['output_throughput'] for r in results]), '.0f')}"
+                " output tok/s"
+            )
     lines.append("effects (ratios; median and range over rounds):")
     for key, entry in summary.items():
         verdict = f" target {entry['target']}: {'met' if entry['met'] else 'MISSED'}" if "target" in entry else ""
         lines.append(f"  {key}: {format_spread(entry)}{verdict}")
     ms = why["decode_step_ms_by_batch"]["ms"]
-    lines.append("why: decode step ms by batch " + ", ".join(f"{b}: {ms[b]['median']:.1f}" for b in ms)
-                 + f" ({why['decode_step_cost_largest_vs_smallest_batch']:.1f}x from the smallest to the largest)")
+    lines.append(
+        "why: decode step ms by batch "
+        + ", ".join(f"{b}: {ms[b]['median']:.1f}" for b in ms)
+        + f" ({why['decode_step_cost_largest_vs_smallest_batch']:.1f}x from the smallest to the largest)"
+    )
     for name, by_policy in why["workloads"].items():
-        lines.append(f"  {name}: " + "; ".join(
-            f"{system} prefill {s['prefill_share']:.0%} of the time, drain {s['drain_share']:.0%}, "
-            f"mean decode batch {s['mean_decode_batch']:.1f}" for system, s in by_policy.items()))
-    lines.append(f"SIMULATED on a GPU ({gpu['model']}, {gpu['assumptions']}): continuous / static = "
-                 + ", ".join(f"{name} {w['continuous_vs_static']:.2f}x" for name, w in gpu["workloads"].items()))
+        lines.append(
+            f"  {name}: "
+            + "; ".join(
+                f"{system} prefill {s['prefill_share']:.0%} of the time, drain {s['drain_share']:.0%}, "
+                f"mean decode batch {s['mean_decode_batch']:.1f}"
+                for system, s in by_policy.items()
+            )
+        )
+    lines.append(
+        f"SIMULATED on a GPU ({gpu['model']}, {gpu['assumptions']}): continuous / static = "
+        + ", ".join(f"{name} {w['continuous_vs_static']:.2f}x" for name, w in gpu["workloads"].items())
+    )
     return "\n".join(lines)
 
 
@@ -364,7 +492,7 @@ SYSTEM_COLORS = {ENGINE_CONTINUOUS: "C0", ENGINE_STATIC: "C1", HF_STATIC: "0.45"
 
 
 def plot(runs: dict, summary: dict, why: dict, gpu: dict, meta: dict):
-    fig, axes = plt.subplots(2, 2, figsize=(14, 9.5))
+    fig, axes = plt.subplots(2, 2, figsize=(15, 10), gridspec_kw={"width_ratios": [1, 1.25]})
     plot_throughput(axes[0, 0], runs)
     plot_effects(axes[0, 1], summary)
     plot_step_cost_by_batch(axes[1, 0], why["decode_step_ms_by_batch"], gpu)
@@ -383,8 +511,15 @@ def plot_throughput(ax, runs: dict) -> None:
             if system not in by_system:
                 continue
             s = spread([r["output_throughput"] for r in by_system[system]])
-            ax.bar(j + (i - (len(SYSTEMS) - 1) / 2) * width, s["median"], width, yerr=error_bar(s), capsize=2,
-                   color=SYSTEM_COLORS[system], label=None if system in labelled else system)
+            ax.bar(
+                j + (i - (len(SYSTEMS) - 1) / 2) * width,
+                s["median"],
+                width,
+                yerr=error_bar(s),
+                capsize=2,
+                color=SYSTEM_COLORS[system],
+                label=None if system in labelled else system,
+            )
             labelled.add(system)
     ax.set_xticks(range(len(runs)), [f"{name}\n{len(WORKLOADS[name].systems)} systems" for name in runs], fontsize=8)
     ax.set_ylabel("output tokens/s (median; bars: range over rounds)")
@@ -395,8 +530,13 @@ def plot_throughput(ax, runs: dict) -> None:
 def plot_effects(ax, summary: dict) -> None:
     keys = list(summary)
     medians = [summary[k]["median"] for k in keys]
-    ax.barh(keys, medians, xerr=np.hstack([error_bar(summary[k]) for k in keys]), capsize=2,
-            color=["C3" if k.startswith("engine_step") else "C0" for k in keys])
+    ax.barh(
+        keys,
+        medians,
+        xerr=np.hstack([error_bar(summary[k]) for k in keys]),
+        capsize=2,
+        color=["C3" if k.startswith("engine_step") else "C0" for k in keys],
+    )
     for y, key in enumerate(keys):
         ax.text(summary[key]["max"] * 1.02, y, f"{summary[key]['median']:.2f}x", va="center", fontsize=7)
         if "target" in summary[key]:
@@ -406,7 +546,10 @@ def plot_effects(ax, summary: dict) -> None:
     ax.invert_yaxis()
     ax.tick_params(axis="y", labelsize=7)
     ax.set_xscale("log")
-    ax.set_xlabel("ratio, median of the rounds (bars: range; | target; red: ms per step, lower is better)")
+    ax.set_xlabel(
+        "ratio, median of the rounds (bars: range over rounds; | the target)\n"
+        "blue: output tokens/s, higher is better; red: ms per decode step, lower is better"
+    )
     ax.set_title("each effect apart: faster system / slower one, same requests", fontsize=9)
 
 
@@ -414,10 +557,20 @@ def plot_step_cost_by_batch(ax, measured: dict, gpu: dict) -> None:
     batches = [int(b) for b in measured["ms"]]
     cpu = [measured["ms"][str(b)]["median"] for b in batches]
     sim = [gpu["decode_step_ms_by_batch"]["ms"][str(b)] for b in batches]
-    ax.plot(batches, [c / cpu[0] for c in cpu], "o-", color="C0",
-            label=f"this machine, measured ({cpu[0]:.1f} -> {cpu[-1]:.1f} ms)")
-    ax.plot(batches, [s / sim[0] for s in sim], "s--", color="C3",
-            label=f"SIMULATED: {gpu['model']} on a GPU roofline ({sim[0]:.1f} -> {sim[-1]:.1f} ms)")
+    ax.plot(
+        batches,
+        [c / cpu[0] for c in cpu],
+        "o-",
+        color="C0",
+        label=f"this machine, measured ({cpu[0]:.1f} -> {cpu[-1]:.1f} ms)",
+    )
+    ax.plot(
+        batches,
+        [s / sim[0] for s in sim],
+        "s--",
+        color="C3",
+        label=f"SIMULATED: {gpu['model']} on a GPU roofline ({sim[0]:.1f} -> {sim[-1]:.1f} ms)",
+    )
     ax.set_xscale("log", base=2)
     ax.set_xticks(batches, [str(b) for b in batches])
     ax.set_xlabel(f"decode batch (sequences of {measured['context']} tokens)")
@@ -432,20 +585,41 @@ def plot_continuous_gain(ax, runs: dict, why: dict, gpu: dict) -> None:
     names = [name for name in runs if ENGINE_STATIC in runs[name]]
     measured = [ratio_spread(runs[n][ENGINE_CONTINUOUS], runs[n][ENGINE_STATIC], "output_throughput") for n in names]
     x = np.arange(len(names))
-    ax.bar(x - 0.2, [m["median"] for m in measured], 0.4, yerr=np.hstack([error_bar(m) for m in measured]),
-           capsize=3, color="C0", label="this machine, measured (bars: range over rounds)")
-    ax.bar(x + 0.2, [gpu["workloads"][n]["continuous_vs_static"] for n in names], 0.4, color="C3", hatch="//",
-           alpha=0.7, label=f"SIMULATED: {gpu['model']} on a GPU roofline")
+    ax.bar(
+        x - 0.2,
+        [m["median"] for m in measured],
+        0.4,
+        yerr=np.hstack([error_bar(m) for m in measured]),
+        capsize=3,
+        color="C0",
+        label="this machine, measured (bars: range over rounds)",
+    )
+    ax.bar(
+        x + 0.2,
+        [gpu["workloads"][n]["continuous_vs_static"] for n in names],
+        0.4,
+        color="C3",
+        hatch="//",
+        alpha=0.7,
+        label=f"SIMULATED: {gpu['model']} on a GPU roofline",
+    )
     ax.axhline(1.0, color="0.5", linewidth=0.8)
     labels = []
     for n in names:
         s = why["workloads"][n][ENGINE_CONTINUOUS]
-        labels.append(f"{n}\nprefill {s['prefill_share']:.0%}, drain {s['drain_share']:.0%}\n"
-                      f"of the continuous run's time")
-    ax.set_xticks(x, labels, fontsize=7)
+        labels.append(f"{n}\nprefill {s['prefill_share']:.0%}\ndrain {s['drain_share']:.0%}")
+    ax.set_xticks(x, labels, fontsize=8)
+    ax.set_xlabel(
+        "workload (measured, continuous run: share of its time in prefill steps, and draining after\n"
+        "the last request was admitted)",
+        fontsize=8,
+    )
     ax.set_ylabel("continuous / static output tokens/s, inside the engine")
     ax.set_title("continuous batching's gain, measured here and SIMULATED on a GPU", fontsize=9)
-    ax.legend(fontsize=7)
+    ax.set_ylim(
+        0, 1.25 * max([m["max"] for m in measured] + [gpu["workloads"][n]["continuous_vs_static"] for n in names])
+    )
+    ax.legend(fontsize=7, loc="upper left")
 
 
 # ---------------------------------------------------------------- the run
@@ -456,8 +630,12 @@ def main(argv=None) -> dict:
     parser.add_argument("--profile", default=None, help="cpu or gpu (default: picked from the hardware)")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: leave as is)")
     parser.add_argument("--rounds", type=int, default=MIN_ROUNDS, help=f"interleaved rounds (default {MIN_ROUNDS})")
-    parser.add_argument("--scale", type=float, default=1.0,
-                        help="scale every workload's number of requests (a quick check of the harness: 0.1)")
+    parser.add_argument(
+        "--scale",
+        type=float,
+        default=1.0,
+        help="scale every workload's number of requests (a quick check of the harness: 0.1)",
+    )
     args = parser.parse_args(argv)
     started = time.perf_counter()
     profile = pick_profile(args.profile)
@@ -473,18 +651,36 @@ def main(argv=None) -> dict:
             for name, workload in workloads.items():
                 runs[name] = run_workload(lm, model, workload, WORKLOADS[name].systems, args.rounds, bar)
     gpu = gpu_simulated(list(workloads.values()))
-    meta = {**provenance(lm), "threads": str(torch.get_num_threads() if args.threads is None else args.threads),
-            "rounds": str(args.rounds)}
+    meta = {
+        **provenance(lm),
+        "threads": str(torch.get_num_threads() if args.threads is None else args.threads),
+        "rounds": str(args.rounds),
+    }
     summary, why = summarize(runs, step_costs), why_table(runs, step_by_batch)
-    document = {"metadata": meta, "summary": summary, "why": why, "gpu_simulated": gpu, "decode_step": step_costs,
-                "workloads": {name: {"requests": len(workloads[name].prompts), "scale": args.scale,
-                                     "full_size": spec.describe(), "seed": 0, "systems": list(spec.systems),
-                                     "not_run": spec.not_run} for name, spec in WORKLOADS.items()},
-                "runs": runs, "wall_s": time.perf_counter() - started}
+    document = {
+        "metadata": meta,
+        "summary": summary,
+        "why": why,
+        "gpu_simulated": gpu,
+        "decode_step": step_costs,
+        "workloads": {
+            name: {
+                "requests": len(workloads[name].prompts),
+                "scale": args.scale,
+                "full_size": spec.describe(),
+                "seed": 0,
+                "systems": list(spec.systems),
+                "not_run": spec.not_run,
+            }
+            for name, spec in WORKLOADS.items()
+        },
+        "runs": runs,
+        "wall_s": time.perf_counter() - started,
+    }
     path = results_dir() / f"05_engine_bench_{profile.name}.json"
     path.write_text(json.dumps(document, indent=2) + "\n")
     figure = plot(runs, summary, why, gpu, meta)
-    print(format_report(runs, summary, why, gpu))
+    print(format_report(workloads, runs, summary, why, gpu))
     print(f"wrote {path} and {figure} in {document['wall_s'] / 60:.1f} minutes")
     return document
 
