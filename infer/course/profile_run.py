@@ -20,22 +20,19 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import nbformat
-from nbclient.exceptions import CellExecutionError, CellTimeoutError, DeadKernelError
 
 from infer import STRICT_DEVICES_ENV_VAR
-from infer.course.notebooks import CELL_TIMEOUT_S, execute
+from infer.course.notebooks import CELL_TIMEOUT_S, CellFailed, execute
 from infer.metrics import RESULTS_ENV_VAR
 from infer.models import WEIGHTS_ENV_VAR
+from infer.paths import REPO_ROOT
 from infer.plotting import FIGURES_ENV_VAR
 from infer.profiles import PROFILE_ENV_VAR, PROFILES
-from infer.paths import REPO_ROOT
 
 NOTEBOOK_FOLDERS = ("weeks", "solutions")  # labs/ are generated from solutions/ and ship unfinished
 # A notebook says that a GPU-only piece did not run with one printed line: "Skipped: ...",
 # "skipped flash-attn: ...", "... Triton kernel skips (it needs a CUDA GPU)".
 SKIP_LINE = re.compile(r"^\s*skipped\b|\bskips?\b", re.IGNORECASE)
-# What ends a notebook's run early: an error in a cell, a cell past its time limit, a dead kernel.
-NOTEBOOK_FAILURES = (CellExecutionError, CellTimeoutError, DeadKernelError)
 FAILED_CHECK = "❌"  # how a check line starts when it fails (infer.course.checks): the notebook failed too
 
 
@@ -75,8 +72,12 @@ def profile_environment(profile_name: str, out_dir: Path, *, strict_devices: boo
     and optionally the strict-devices test mode and the weights every load_model() takes."""
     if profile_name not in PROFILES:
         raise ValueError(f"Unknown profile {profile_name!r}; valid profiles: {', '.join(sorted(PROFILES))}")
-    settings = {PROFILE_ENV_VAR: profile_name, FIGURES_ENV_VAR: str(out_dir / "figures"),
-                RESULTS_ENV_VAR: str(out_dir / "results"), STRICT_DEVICES_ENV_VAR: "1" if strict_devices else "0"}
+    settings = {
+        PROFILE_ENV_VAR: profile_name,
+        FIGURES_ENV_VAR: str(out_dir / "figures"),
+        RESULTS_ENV_VAR: str(out_dir / "results"),
+        STRICT_DEVICES_ENV_VAR: "1" if strict_devices else "0",
+    }
     if weights:
         settings[WEIGHTS_ENV_VAR] = weights
     saved = {key: os.environ.get(key) for key in settings}
@@ -91,8 +92,15 @@ def profile_environment(profile_name: str, out_dir: Path, *, strict_devices: boo
                 os.environ[key] = value
 
 
-def run_notebook(notebook: Path, profile_name: str, out_dir: Path, *, cell_timeout_s: int = CELL_TIMEOUT_S,
-                 strict_devices: bool = False, weights: str | None = None) -> NotebookRun:
+def run_notebook(
+    notebook: Path,
+    profile_name: str,
+    out_dir: Path,
+    *,
+    cell_timeout_s: int = CELL_TIMEOUT_S,
+    strict_devices: bool = False,
+    weights: str | None = None,
+) -> NotebookRun:
     """Execute one notebook on `profile_name`, writing it (even half-run) under `out_dir`/notebooks."""
     executed = out_dir / "notebooks" / shown_path(notebook)
     started = time.perf_counter()
@@ -100,8 +108,8 @@ def run_notebook(notebook: Path, profile_name: str, out_dir: Path, *, cell_timeo
         try:
             execute(notebook, executed, write_on_error=True, cell_timeout_s=cell_timeout_s)
             error = None
-        except NOTEBOOK_FAILURES as exc:
-            error = _short_error(exc)
+        except CellFailed as failure:  # an error in a cell, a cell past its time limit, a dead kernel
+            error = failure.error
     seconds = time.perf_counter() - started
     text = _output_text(executed) if executed.exists() else ""
     failed_check = next((line.strip() for line in text.splitlines() if line.lstrip().startswith(FAILED_CHECK)), None)
@@ -115,16 +123,6 @@ def shown_path(notebook: Path) -> Path:
     """The notebook relative to the repository (just its name when it lies elsewhere)."""
     resolved = notebook.resolve()
     return resolved.relative_to(REPO_ROOT) if resolved.is_relative_to(REPO_ROOT) else Path(notebook.name)
-
-
-def _short_error(exc: Exception) -> str:
-    """One line: a cell's exception ("ValueError: No week 01 sizes for profile ..."), not its
-    traceback; or nbclient's own ("CellTimeoutError: A cell timed out ..., after 300 seconds.")."""
-    name, value = getattr(exc, "ename", ""), getattr(exc, "evalue", "")
-    if name:
-        return f"{name}: {value}"[:300]
-    lines = str(exc).strip().splitlines() or [""]
-    return f"{type(exc).__name__}: {lines[0]}"[:300]
 
 
 def write_summary(out_dir: Path, header: list[str], lines: list[str]) -> Path:
@@ -151,8 +149,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--profile", required=True, choices=sorted(PROFILES))
     parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--strict-devices", action="store_true", help="fail where a tensor would land on the wrong "
-                                                                      "device (infer/strict_devices.py)")
+    parser.add_argument(
+        "--strict-devices",
+        action="store_true",
+        help="fail where a tensor would land on the wrong device (infer/strict_devices.py)",
+    )
     parser.add_argument("notebooks", nargs="*", type=Path, help="default: every notebook in weeks/ and solutions/")
     args = parser.parse_args(argv)
     runs = []

@@ -54,7 +54,7 @@ from infer.metrics import calculate_metrics, results_dir
 from infer.model import Transformer
 from infer.models import MODEL_SPECS, load_model
 from infer.paged_attention import PagedKV
-from infer.plotting import save_figure
+from infer.plotting import COLUMN_WIDTH_IN, save_figure
 from infer.profiles import PROFILES, pick_profile
 from infer.prompts import random_prompt_ids
 from infer.provenance import provenance
@@ -492,11 +492,11 @@ SYSTEM_COLORS = {ENGINE_CONTINUOUS: "C0", ENGINE_STATIC: "C1", HF_STATIC: "0.45"
 
 
 def plot(runs: dict, summary: dict, why: dict, gpu: dict, meta: dict):
-    fig, axes = plt.subplots(2, 2, figsize=(15, 10), gridspec_kw={"width_ratios": [1, 1.25]})
-    plot_throughput(axes[0, 0], runs)
-    plot_effects(axes[0, 1], summary)
-    plot_step_cost_by_batch(axes[1, 0], why["decode_step_ms_by_batch"], gpu)
-    plot_continuous_gain(axes[1, 1], runs, why, gpu)
+    fig, axes = plt.subplots(4, 1, figsize=(COLUMN_WIDTH_IN, 18))  # stacked: the site shows one column
+    plot_throughput(axes[0], runs)
+    plot_effects(axes[1], summary)
+    plot_step_cost_by_batch(axes[2], why["decode_step_ms_by_batch"], gpu)
+    plot_continuous_gain(axes[3], runs, why, gpu)
     return save_figure(fig, "05_engine_bench", meta)
 
 
@@ -521,10 +521,10 @@ def plot_throughput(ax, runs: dict) -> None:
                 label=None if system in labelled else system,
             )
             labelled.add(system)
-    ax.set_xticks(range(len(runs)), [f"{name}\n{len(WORKLOADS[name].systems)} systems" for name in runs], fontsize=8)
+    ax.set_xticks(range(len(runs)), [f"{name}\n{len(WORKLOADS[name].systems)} systems" for name in runs])
     ax.set_ylabel("output tokens/s (median; bars: range over rounds)")
-    ax.set_title("every system, each workload in interleaved rounds", fontsize=9)
-    ax.legend(fontsize=7)
+    ax.set_title("every system, each workload in interleaved rounds")
+    ax.legend()
 
 
 def plot_effects(ax, summary: dict) -> None:
@@ -538,7 +538,7 @@ def plot_effects(ax, summary: dict) -> None:
         color=["C3" if k.startswith("engine_step") else "C0" for k in keys],
     )
     for y, key in enumerate(keys):
-        ax.text(summary[key]["max"] * 1.02, y, f"{summary[key]['median']:.2f}x", va="center", fontsize=7)
+        ax.text(summary[key]["max"] * 1.02, y, f"{summary[key]['median']:.2f}x", va="center")
         if "target" in summary[key]:
             value = float(summary[key]["target"].split()[1])
             ax.plot([value], [y], marker="|", markersize=14, color="k")
@@ -547,10 +547,10 @@ def plot_effects(ax, summary: dict) -> None:
     ax.tick_params(axis="y", labelsize=7)
     ax.set_xscale("log")
     ax.set_xlabel(
-        "ratio, median of the rounds (bars: range over rounds; | the target)\n"
-        "blue: output tokens/s, higher is better; red: ms per decode step, lower is better"
+        "ratio, median of the rounds (bars: their range; |: the target)\n"
+        "blue: output tokens/s, higher is better; red: ms per step, lower is better"
     )
-    ax.set_title("each effect apart: faster system / slower one, same requests", fontsize=9)
+    ax.set_title("each effect apart: faster system / slower one, same requests")
 
 
 def plot_step_cost_by_batch(ax, measured: dict, gpu: dict) -> None:
@@ -576,8 +576,8 @@ def plot_step_cost_by_batch(ax, measured: dict, gpu: dict) -> None:
     ax.set_xlabel(f"decode batch (sequences of {measured['context']} tokens)")
     ax.set_ylabel("decode step time / time at batch 1")
     ax.set_ylim(bottom=0)
-    ax.set_title("what an idle slot saves: a step's cost against its batch", fontsize=9)
-    ax.legend(fontsize=7)
+    ax.set_title("what an idle slot saves: a step's cost against its batch")
+    ax.legend()
     ax.grid(True, alpha=0.3)
 
 
@@ -608,18 +608,17 @@ def plot_continuous_gain(ax, runs: dict, why: dict, gpu: dict) -> None:
     for n in names:
         s = why["workloads"][n][ENGINE_CONTINUOUS]
         labels.append(f"{n}\nprefill {s['prefill_share']:.0%}\ndrain {s['drain_share']:.0%}")
-    ax.set_xticks(x, labels, fontsize=8)
+    ax.set_xticks(x, labels)
     ax.set_xlabel(
-        "workload (measured, continuous run: share of its time in prefill steps, and draining after\n"
-        "the last request was admitted)",
-        fontsize=8,
+        "workload; the measured continuous run's time in prefill steps,\n"
+        "and draining after the last request was admitted"
     )
-    ax.set_ylabel("continuous / static output tokens/s, inside the engine")
-    ax.set_title("continuous batching's gain, measured here and SIMULATED on a GPU", fontsize=9)
+    ax.set_ylabel("continuous / static\n(output tokens/s, in the engine)")
+    ax.set_title("continuous batching's gain, measured here and SIMULATED on a GPU")
     ax.set_ylim(
         0, 1.25 * max([m["max"] for m in measured] + [gpu["workloads"][n]["continuous_vs_static"] for n in names])
     )
-    ax.legend(fontsize=7, loc="upper left")
+    ax.legend(loc="upper left")
 
 
 # ---------------------------------------------------------------- the run
