@@ -19,8 +19,9 @@ cannot run here, so a notebook loops over all of them and prints one skip line p
 
 import functools
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable, NamedTuple
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -103,9 +104,11 @@ def merge_states(a: SoftmaxState, b: SoftmaxState) -> SoftmaxState:
 def empty_state(rows_like: torch.Tensor, dtype: torch.dtype) -> SoftmaxState:
     """The state of a row that has seen no key: max -inf, sum 0, acc 0."""
     shape = rows_like.shape[:-1]
-    return SoftmaxState(torch.full((*shape, 1), float("-inf"), dtype=dtype, device=rows_like.device),
-                        torch.zeros((*shape, 1), dtype=dtype, device=rows_like.device),
-                        torch.zeros((*shape, rows_like.shape[-1]), dtype=dtype, device=rows_like.device))
+    return SoftmaxState(
+        torch.full((*shape, 1), float("-inf"), dtype=dtype, device=rows_like.device),
+        torch.zeros((*shape, 1), dtype=dtype, device=rows_like.device),
+        torch.zeros((*shape, rows_like.shape[-1]), dtype=dtype, device=rows_like.device),
+    )
 
 
 def finalize(state: SoftmaxState) -> torch.Tensor:
@@ -115,8 +118,9 @@ def finalize(state: SoftmaxState) -> torch.Tensor:
 # ---------------------------------------------------------------- tiled (FlashAttention forward)
 
 
-def tiled_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
-                    block_q: int = 256, block_k: int = 256) -> torch.Tensor:
+def tiled_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False, block_q: int = 256, block_k: int = 256
+) -> torch.Tensor:
     """The FlashAttention forward pass, one tile at a time, in plain PyTorch.
 
     For each block of `block_q` query rows (a GPU kernel runs these blocks in parallel):
@@ -136,27 +140,28 @@ def tiled_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: b
     stat_dtype = torch.promote_types(q.dtype, torch.float32)
     out = torch.empty_like(q)
     for q_start in range(0, seq_len, block_q):
-        q_block = q[..., q_start:q_start + block_q, :].to(stat_dtype)
+        q_block = q[..., q_start : q_start + block_q, :].to(stat_dtype)
         rows = q_block.shape[-2]
         state = empty_state(q_block, stat_dtype)
         keys_seen = min(seq_len, q_start + rows) if causal else seq_len  # later keys are all in the future
         for k_start in range(0, keys_seen, block_k):
-            k_block = k[..., k_start:k_start + block_k, :].to(stat_dtype)
+            k_block = k[..., k_start : k_start + block_k, :].to(stat_dtype)
             scores = q_block @ k_block.transpose(-2, -1) * scale
             if causal and k_start + k_block.shape[-2] - 1 > q_start:  # this tile crosses the diagonal
                 query_pos = torch.arange(q_start, q_start + rows, device=q.device)[:, None]
                 key_pos = torch.arange(k_start, k_start + k_block.shape[-2], device=q.device)[None, :]
                 scores = scores.masked_fill(key_pos > query_pos, float("-inf"))
-            state = merge_states(state, block_state(scores, v[..., k_start:k_start + block_k, :]))
-        out[..., q_start:q_start + rows, :] = finalize(state).to(q.dtype)
+            state = merge_states(state, block_state(scores, v[..., k_start : k_start + block_k, :]))
+        out[..., q_start : q_start + rows, :] = finalize(state).to(q.dtype)
     return out
 
 
 # ---------------------------------------------------------------- library kernels
 
 
-def sdpa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False, *,
-                   backend: SDPBackend) -> torch.Tensor:
+def sdpa_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False, *, backend: SDPBackend
+) -> torch.Tensor:
     """`torch.nn.functional.scaled_dot_product_attention`, restricted to exactly one backend.
 
     Without `sdpa_kernel`, PyTorch silently picks a backend; restricted to one, it raises a
@@ -195,7 +200,7 @@ def _always(device: str, dtype: torch.dtype, head_dim: int) -> Availability:
     return YES
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _probe_sdpa(backend_name: str, device: str, dtype: torch.dtype, head_dim: int) -> Availability:
     """Run the backend once on a tiny input: the only reliable way to learn whether it has a kernel
     for this device, dtype and head size (its rules differ by GPU generation and version)."""
@@ -205,8 +210,11 @@ def _probe_sdpa(backend_name: str, device: str, dtype: torch.dtype, head_dim: in
     try:
         sdpa_attention(q, q, q, causal=True, backend=getattr(SDPBackend, backend_name))
     except RuntimeError as exc:
-        return Availability(False, f"PyTorch has no {backend_name} kernel for {device}/{dtype_name(dtype)}/"
-                                   f"d={head_dim} ({error_line(exc, 90)})")
+        return Availability(
+            False,
+            f"PyTorch has no {backend_name} kernel for {device}/{dtype_name(dtype)}/"
+            f"d={head_dim} ({error_line(exc, 90)})",
+        )
     return YES
 
 
@@ -219,7 +227,7 @@ def _sdpa_available(backend_name: str, cuda_only: bool) -> AvailableFn:
     return available
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def flash_attn_import_problem() -> str | None:
     """Why `flash_attn_func` cannot be imported here, or None when it can. Finding the package is
     not enough: a wheel built for another torch or CUDA version installs fine and then fails to
@@ -258,25 +266,56 @@ def _triton_fn(q, k, v, causal=False):
     return triton_attention(q, k, v, causal=causal)
 
 
-IMPLEMENTATIONS: dict[str, AttentionImpl] = {impl.name: impl for impl in [
-    AttentionImpl("naive", naive_attention, "full S and P matrices (standard attention)", _always, True),
-    AttentionImpl("tiled", tiled_attention, "hand-written online-softmax tiles, plain PyTorch", _always, False),
-    AttentionImpl("sdpa-math", functools.partial(sdpa_attention, backend=SDPBackend.MATH),
-                  "SDPA, MATH backend (composite ops, materializes S)", _sdpa_available("MATH", False), True),
-    AttentionImpl("sdpa-flash", functools.partial(sdpa_attention, backend=SDPBackend.FLASH_ATTENTION),
-                  "SDPA, FLASH_ATTENTION backend (on CPU: the fused CPU kernel)", _sdpa_available("FLASH_ATTENTION", False), False),
-    AttentionImpl("sdpa-efficient", functools.partial(sdpa_attention, backend=SDPBackend.EFFICIENT_ATTENTION),
-                  "SDPA, EFFICIENT_ATTENTION backend (memory-efficient kernel)", _sdpa_available("EFFICIENT_ATTENTION", True), False),
-    AttentionImpl("sdpa-cudnn", functools.partial(sdpa_attention, backend=SDPBackend.CUDNN_ATTENTION),
-                  "SDPA, CUDNN_ATTENTION backend", _sdpa_available("CUDNN_ATTENTION", True), False),
-    AttentionImpl("flash-attn", flash_attn_package, "the flash-attn package's flash_attn_func", _flash_attn_available, False),
-    AttentionImpl("triton", _triton_fn, "the tiled algorithm as a Triton kernel (infer/attention_triton.py)",
-                  _triton_available, False),
-]}
+IMPLEMENTATIONS: dict[str, AttentionImpl] = {
+    impl.name: impl
+    for impl in [
+        AttentionImpl("naive", naive_attention, "full S and P matrices (standard attention)", _always, True),
+        AttentionImpl("tiled", tiled_attention, "hand-written online-softmax tiles, plain PyTorch", _always, False),
+        AttentionImpl(
+            "sdpa-math",
+            functools.partial(sdpa_attention, backend=SDPBackend.MATH),
+            "SDPA, MATH backend (composite ops, materializes S)",
+            _sdpa_available("MATH", False),
+            True,
+        ),
+        AttentionImpl(
+            "sdpa-flash",
+            functools.partial(sdpa_attention, backend=SDPBackend.FLASH_ATTENTION),
+            "SDPA, FLASH_ATTENTION backend (on CPU: the fused CPU kernel)",
+            _sdpa_available("FLASH_ATTENTION", False),
+            False,
+        ),
+        AttentionImpl(
+            "sdpa-efficient",
+            functools.partial(sdpa_attention, backend=SDPBackend.EFFICIENT_ATTENTION),
+            "SDPA, EFFICIENT_ATTENTION backend (memory-efficient kernel)",
+            _sdpa_available("EFFICIENT_ATTENTION", True),
+            False,
+        ),
+        AttentionImpl(
+            "sdpa-cudnn",
+            functools.partial(sdpa_attention, backend=SDPBackend.CUDNN_ATTENTION),
+            "SDPA, CUDNN_ATTENTION backend",
+            _sdpa_available("CUDNN_ATTENTION", True),
+            False,
+        ),
+        AttentionImpl(
+            "flash-attn", flash_attn_package, "the flash-attn package's flash_attn_func", _flash_attn_available, False
+        ),
+        AttentionImpl(
+            "triton",
+            _triton_fn,
+            "the tiled algorithm as a Triton kernel (infer/attention_triton.py)",
+            _triton_available,
+            False,
+        ),
+    ]
+}
 
 
-def available_implementations(device: str, dtype: torch.dtype, head_dim: int,
-                              report: Callable[[str], None] | None = print) -> dict[str, AttentionImpl]:
+def available_implementations(
+    device: str, dtype: torch.dtype, head_dim: int, report: Callable[[str], None] | None = print
+) -> dict[str, AttentionImpl]:
     """The implementations that can run here; `report` gets one line per one that cannot."""
     usable = {}
     for name, impl in IMPLEMENTATIONS.items():
@@ -300,8 +339,16 @@ def relative_error(out: torch.Tensor, reference: torch.Tensor) -> float:
 TOLERANCES = {torch.float64: 1e-12, torch.float32: 1e-5, torch.bfloat16: 1e-2, torch.float16: 1e-2}
 
 
-def random_qkv(batch: int, heads: int, seq_len: int, head_dim: int, *, dtype: torch.dtype = torch.float32,
-               device: str = "cpu", seed: int | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def random_qkv(
+    batch: int,
+    heads: int,
+    seq_len: int,
+    head_dim: int,
+    *,
+    dtype: torch.dtype = torch.float32,
+    device: str = "cpu",
+    seed: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Fresh standard-normal q, k, v (seeded when `seed` is given)."""
     generator = torch.Generator(device="cpu")
     generator.manual_seed(seed if seed is not None else torch.seed() % 2**63)
@@ -329,12 +376,15 @@ class ExactnessResult:
     @property
     def line(self) -> str:
         mark = "✅" if self.ok else "❌"
-        return (f"{mark} {self.name:<15} {dtype_name(self.dtype):<9} {'causal' if self.causal else 'full':<6} "
-                f"shape {self.shape}: relative error {self.error:.1e} (tolerance {self.tolerance:.0e})")
+        return (
+            f"{mark} {self.name:<15} {dtype_name(self.dtype):<9} {'causal' if self.causal else 'full':<6} "
+            f"shape {self.shape}: relative error {self.error:.1e} (tolerance {self.tolerance:.0e})"
+        )
 
 
-def check_exactness(impl: AttentionImpl, *, dtype: torch.dtype, causal: bool, shape=(2, 3, 100, 64),
-                    device: str = "cpu") -> ExactnessResult:
+def check_exactness(
+    impl: AttentionImpl, *, dtype: torch.dtype, causal: bool, shape=(2, 3, 100, 64), device: str = "cpu"
+) -> ExactnessResult:
     """Run `impl` on fresh random inputs and compare it with the float64 reference of the SAME
     (already rounded) inputs, so only the implementation's own rounding counts."""
     q, k, v = random_qkv(*shape, dtype=dtype, device=device)

@@ -52,8 +52,9 @@ def flash_attention_hbm_bytes(seq_len: int, head_dim: int, sram_elements: int, b
     return bytes_per_element * (3 * n * d + 2 * n + outer_steps * (3 * n * d + 4 * n))
 
 
-def tiled_hbm_bytes(seq_len: int, head_dim: int, block_q: int, block_k: int, bytes_per_element: int,
-                    causal: bool = False) -> int:
+def tiled_hbm_bytes(
+    seq_len: int, head_dim: int, block_q: int, block_k: int, bytes_per_element: int, causal: bool = False
+) -> int:
     """The loop of `infer.attention.tiled_attention` and the Triton kernel (query blocks outside,
     FlashAttention-2's order), one head: each query block reads its Q tile once, streams the K and
     V tiles it needs, and writes its O tile once. K/V are read once per query block, so about

@@ -64,8 +64,11 @@ def available(device: str, dtype: torch.dtype, head_dim: int) -> Availability:
         reason = "not installed" if importlib.util.find_spec("triton") is None else "failed to import"
         return Availability(False, f"the triton package is {reason} (it comes with PyTorch's CUDA builds)")
     if device != "cuda" and not interpreting():
-        return Availability(False, f"Triton kernels need a CUDA GPU (device here: {device}; "
-                                   "TRITON_INTERPRET=1 would run it in the slow CPU interpreter)")
+        return Availability(
+            False,
+            f"Triton kernels need a CUDA GPU (device here: {device}; "
+            "TRITON_INTERPRET=1 would run it in the slow CPU interpreter)",
+        )
     if dtype not in SUPPORTED_DTYPES:
         return Availability(False, f"this kernel supports fp16, bf16 and fp32, not {dtype}")
     if head_dim not in SUPPORTED_HEAD_DIMS:
@@ -76,9 +79,19 @@ def available(device: str, dtype: torch.dtype, head_dim: int) -> Availability:
 if triton is not None:
 
     @triton.jit
-    def _attention_forward(Q, K, V, O, seq_len, scale,
-                           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
-                           CAUSAL: tl.constexpr, EXACT_FP32: tl.constexpr):
+    def _attention_forward(
+        Q,
+        K,
+        V,
+        O,  # noqa: E741 - Q, K, V, O: the names of the attention paper's matrices
+        seq_len,
+        scale,
+        BLOCK_M: tl.constexpr,
+        BLOCK_N: tl.constexpr,
+        HEAD_DIM: tl.constexpr,
+        CAUSAL: tl.constexpr,
+        EXACT_FP32: tl.constexpr,
+    ):
         block = tl.program_id(0)  # which block of query rows
         head = tl.program_id(1)  # which (batch, head): tensors are contiguous [batch * heads, seq_len, HEAD_DIM]
         base = head.to(tl.int64) * seq_len * HEAD_DIM
@@ -133,7 +146,18 @@ def triton_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: 
     q, k, v = (t.contiguous() for t in (q, k, v))
     out = torch.empty_like(q)
     grid = (triton.cdiv(seq_len, config.block_m), batch * heads)
-    _attention_forward[grid](q, k, v, out, seq_len, 1.0 / math.sqrt(head_dim),
-                             BLOCK_M=config.block_m, BLOCK_N=config.block_n, HEAD_DIM=head_dim,
-                             CAUSAL=causal, EXACT_FP32=q.dtype == torch.float32, num_stages=config.num_stages)
+    _attention_forward[grid](
+        q,
+        k,
+        v,
+        out,
+        seq_len,
+        1.0 / math.sqrt(head_dim),
+        BLOCK_M=config.block_m,
+        BLOCK_N=config.block_n,
+        HEAD_DIM=head_dim,
+        CAUSAL=causal,
+        EXACT_FP32=q.dtype == torch.float32,
+        num_stages=config.num_stages,
+    )
     return out

@@ -1,10 +1,10 @@
 """Greedy generation, twice: without a cache (week 01) and with one (week 02).
 
 `naive_greedy_generate` runs the model over the whole sequence at every step and keeps only the
-last position's prediction: correct, and quadratic. `cached_greedy_generate` runs it over the prompt once (the prefill, which fills the
-cache), and from then on over the single newest token, whose keys and values join the cache
-while it attends to everything stored there. Same tokens, far less work: the naive loop's cost
-grows with the square of the length, this one's linearly.
+last position's prediction: correct, and quadratic. `cached_greedy_generate` runs it over the
+prompt once (the prefill, which fills the cache), and from then on over the single newest token,
+whose keys and values join the cache while it attends to everything stored there. Same tokens,
+far less work: the naive loop's cost grows with the square of the length, this one's linearly.
 """
 
 import time
@@ -16,8 +16,9 @@ from infer.timing import synchronize
 
 
 @torch.no_grad()
-def naive_greedy_generate(model, prompt_ids: torch.Tensor, max_new_tokens: int,
-                          timestamps: list[float] | None = None) -> torch.Tensor:
+def naive_greedy_generate(
+    model, prompt_ids: torch.Tensor, max_new_tokens: int, timestamps: list[float] | None = None
+) -> torch.Tensor:
     """Greedy decoding without a cache. Returns the new tokens, shape [batch, max_new_tokens].
 
     If `timestamps` is a list, the wall-clock time (time.perf_counter, seconds) at which each new
@@ -30,12 +31,19 @@ def naive_greedy_generate(model, prompt_ids: torch.Tensor, max_new_tokens: int,
         if timestamps is not None:
             synchronize(next_token.device)
             timestamps.append(time.perf_counter())
-    return sequence[:, prompt_ids.shape[1]:]
+    return sequence[:, prompt_ids.shape[1] :]
 
 
 @torch.no_grad()
-def cached_greedy_generate(model, prompt_ids: torch.Tensor, max_new_tokens: int, cache, *, seq_id: int = 0,
-                           timestamps: list[float] | None = None) -> torch.Tensor:
+def cached_greedy_generate(
+    model,
+    prompt_ids: torch.Tensor,
+    max_new_tokens: int,
+    cache,
+    *,
+    seq_id: int = 0,
+    timestamps: list[float] | None = None,
+) -> torch.Tensor:
     """Greedy decoding of one sequence with `model` (an infer.model.Transformer) and `cache`
     (a KVCache or ConcatKVCache), in slot `seq_id`. Returns the new tokens, [1, max_new_tokens].
 

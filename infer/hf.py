@@ -12,7 +12,9 @@ def new_cache(model) -> DynamicCache:
     return DynamicCache(config=model.config)
 
 
-def forward(model, input_ids: torch.Tensor, cache: DynamicCache | None = None, *, last_only: bool = False) -> torch.Tensor:
+def forward(
+    model, input_ids: torch.Tensor, cache: DynamicCache | None = None, *, last_only: bool = False
+) -> torch.Tensor:
     """Logits [batch, seq, vocab] of one forward pass; with a cache, its K/V are read and extended.
 
     `last_only=True` runs the output head on the last position only ([batch, 1, vocab]), as a
@@ -29,9 +31,20 @@ def forward(model, input_ids: torch.Tensor, cache: DynamicCache | None = None, *
 # set some (Qwen2.5-Instruct: repetition_penalty=1.1, which pushes the argmax away from tokens
 # already seen). The sampling settings, unused by greedy, are transformers' own defaults: a
 # checkpoint's (Qwen's temperature 0.7, top_k 20, top_p 0.8) would only draw warnings.
-PLAIN_GREEDY = dict(do_sample=False, num_beams=1, repetition_penalty=1.0, encoder_repetition_penalty=1.0,
-                    no_repeat_ngram_size=0, encoder_no_repeat_ngram_size=0, min_new_tokens=0, suppress_tokens=[],
-                    begin_suppress_tokens=[], temperature=1.0, top_k=50, top_p=1.0)
+PLAIN_GREEDY = dict(
+    do_sample=False,
+    num_beams=1,
+    repetition_penalty=1.0,
+    encoder_repetition_penalty=1.0,
+    no_repeat_ngram_size=0,
+    encoder_no_repeat_ngram_size=0,
+    min_new_tokens=0,
+    suppress_tokens=[],
+    begin_suppress_tokens=[],
+    temperature=1.0,
+    top_k=50,
+    top_p=1.0,
+)
 
 
 @torch.no_grad()
@@ -43,9 +56,10 @@ def greedy_generate(model, prompt_ids: torch.Tensor, max_new_tokens: int, stream
     chance, and a comparison needs equal lengths. It takes an empty list: transformers 5 replaces
     `eos_token_id=None` with the model's own EOS id. A `streamer` sees every token."""
     config = GenerationConfig(**PLAIN_GREEDY, max_new_tokens=max_new_tokens, eos_token_id=[], pad_token_id=0)
-    out = model.generate(prompt_ids, attention_mask=torch.ones_like(prompt_ids), generation_config=config,
-                         streamer=streamer)
-    return out[:, prompt_ids.shape[1]:]
+    out = model.generate(
+        prompt_ids, attention_mask=torch.ones_like(prompt_ids), generation_config=config, streamer=streamer
+    )
+    return out[:, prompt_ids.shape[1] :]
 
 
 def float32_copy(model):

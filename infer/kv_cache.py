@@ -24,8 +24,16 @@ class KVCacheFull(IndexError):
 class KVCache:
     """Preallocated per-layer K and V buffers [max_seqs, kv_heads, max_len, head_dim], written in place."""
 
-    def __init__(self, num_layers: int, max_seqs: int, max_len: int, kv_heads: int, head_dim: int,
-                 dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"):
+    def __init__(
+        self,
+        num_layers: int,
+        max_seqs: int,
+        max_len: int,
+        kv_heads: int,
+        head_dim: int,
+        dtype: torch.dtype = torch.float32,
+        device: str | torch.device = "cpu",
+    ):
         shape = (max_seqs, kv_heads, max_len, head_dim)
         self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
         self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
@@ -48,8 +56,15 @@ class KVCache:
     def for_model(cls, model, max_seqs: int, max_len: int) -> "KVCache":
         """A cache shaped for `model` (an infer.model.Transformer), on its device and in its dtype."""
         weight = model.embed.weight
-        return cls(model.arch.num_layers, max_seqs, max_len, model.arch.num_kv_heads, model.arch.head_dim,
-                   dtype=weight.dtype, device=weight.device)
+        return cls(
+            model.arch.num_layers,
+            max_seqs,
+            max_len,
+            model.arch.num_kv_heads,
+            model.arch.head_dim,
+            dtype=weight.dtype,
+            device=weight.device,
+        )
 
     @property
     def nbytes(self) -> int:
@@ -68,8 +83,10 @@ class ConcatKVCache:
         held = self.k[layer].get(seq_id)
         length = 0 if held is None else held.shape[1]
         if start > length:
-            raise ValueError(f"sequence {seq_id}: cannot write position {start}, only positions 0..{length - 1} "
-                             f"are filled; a cache is written without gaps")
+            raise ValueError(
+                f"sequence {seq_id}: cannot write position {start}, only positions 0..{length - 1} "
+                f"are filled; a cache is written without gaps"
+            )
         if held is None or start == 0:
             self.k[layer][seq_id], self.v[layer][seq_id] = k.clone(), v.clone()
         else:  # the copy of everything so far, at every step: the cost this version exists to show
@@ -91,10 +108,16 @@ class ConcatKVCache:
 
 def _check_write(seq_id: int, start: int, end: int, max_seqs: int, max_len: int, lengths: list[int]) -> None:
     if not 0 <= seq_id < max_seqs:
-        raise KVCacheFull(f"sequence {seq_id} has no slot: this cache has max_seqs={max_seqs} (slots 0..{max_seqs - 1})")
+        raise KVCacheFull(
+            f"sequence {seq_id} has no slot: this cache has max_seqs={max_seqs} (slots 0..{max_seqs - 1})"
+        )
     if end > max_len:
-        raise KVCacheFull(f"KV cache full: sequence {seq_id} needs position {end - 1}, but each slot holds "
-                          f"max_len={max_len} positions (0..{max_len - 1}); allocate a larger cache or stop earlier")
+        raise KVCacheFull(
+            f"KV cache full: sequence {seq_id} needs position {end - 1}, but each slot holds "
+            f"max_len={max_len} positions (0..{max_len - 1}); allocate a larger cache or stop earlier"
+        )
     if start > lengths[seq_id]:
-        raise ValueError(f"sequence {seq_id}: cannot write position {start}, only positions 0..{lengths[seq_id] - 1} "
-                         f"are filled; a cache is written without gaps")
+        raise ValueError(
+            f"sequence {seq_id}: cannot write position {start}, only positions 0..{lengths[seq_id] - 1} "
+            f"are filled; a cache is written without gaps"
+        )

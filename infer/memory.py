@@ -28,8 +28,15 @@ from infer.profiles import dtype_name
 GB = 1e9
 GIB = 2**30
 VLLM_GPU_MEMORY_UTILIZATION = 0.9  # vLLM's default share of the card
-DTYPE_NAMES = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16,
-               "fp16": torch.float16, "float16": torch.float16, "fp8": torch.float8_e4m3fn}
+DTYPE_NAMES = {
+    "fp32": torch.float32,
+    "float32": torch.float32,
+    "bf16": torch.bfloat16,
+    "bfloat16": torch.bfloat16,
+    "fp16": torch.float16,
+    "float16": torch.float16,
+    "fp8": torch.float8_e4m3fn,
+}
 
 
 def bytes_per_element(dtype: torch.dtype | str) -> int:
@@ -46,8 +53,9 @@ def kv_token_bytes(num_layers: int, num_kv_heads: int, head_dim: int, element_by
     return 2 * num_layers * num_kv_heads * head_dim * element_bytes
 
 
-def sequences_that_fit(gpu_bytes: float, weight_bytes: float, reserve_bytes: float, kv_bytes_per_token: int,
-                       seq_len: int) -> int:
+def sequences_that_fit(
+    gpu_bytes: float, weight_bytes: float, reserve_bytes: float, kv_bytes_per_token: int, seq_len: int
+) -> int:
     """The formula: whole sequences of `seq_len` tokens whose K and V fit beside weights and reserve."""
     if seq_len < 1:
         raise ValueError(f"seq_len must be >= 1, got {seq_len}")
@@ -77,8 +85,13 @@ def weight_bytes(config: PretrainedConfig, dtype: torch.dtype | str) -> int:
     return num_parameters(config) * bytes_per_element(dtype)
 
 
-def kv_budget_bytes(config: PretrainedConfig, dtype: torch.dtype | str, gpu_gib: float, activation_gib: float,
-                    gpu_memory_utilization: float = VLLM_GPU_MEMORY_UTILIZATION) -> float:
+def kv_budget_bytes(
+    config: PretrainedConfig,
+    dtype: torch.dtype | str,
+    gpu_gib: float,
+    activation_gib: float,
+    gpu_memory_utilization: float = VLLM_GPU_MEMORY_UTILIZATION,
+) -> float:
     """vLLM's KV-cache budget, modelled: its share of the card, minus the weights, minus the peak
     activations of a profiled forward pass (can be negative: then nothing fits)."""
     if not 0 < gpu_memory_utilization <= 1:
@@ -86,15 +99,26 @@ def kv_budget_bytes(config: PretrainedConfig, dtype: torch.dtype | str, gpu_gib:
     return gpu_memory_utilization * gpu_gib * GIB - weight_bytes(config, dtype) - activation_gib * GIB
 
 
-def kv_tokens_that_fit(config: PretrainedConfig, dtype: torch.dtype | str, gpu_gib: float, activation_gib: float,
-                       gpu_memory_utilization: float = VLLM_GPU_MEMORY_UTILIZATION) -> int:
+def kv_tokens_that_fit(
+    config: PretrainedConfig,
+    dtype: torch.dtype | str,
+    gpu_gib: float,
+    activation_gib: float,
+    gpu_memory_utilization: float = VLLM_GPU_MEMORY_UTILIZATION,
+) -> int:
     """How many tokens' K and V fit in the KV budget (0 if the weights do not fit)."""
     budget = kv_budget_bytes(config, dtype, gpu_gib, activation_gib, gpu_memory_utilization)
     return max(0, int(budget // kv_bytes_per_token(config, dtype)))
 
 
-def max_concurrent_sequences(config: PretrainedConfig, dtype: torch.dtype | str, gpu_gib: float, seq_len: int,
-                             activation_gib: float, gpu_memory_utilization: float = VLLM_GPU_MEMORY_UTILIZATION) -> int:
+def max_concurrent_sequences(
+    config: PretrainedConfig,
+    dtype: torch.dtype | str,
+    gpu_gib: float,
+    seq_len: int,
+    activation_gib: float,
+    gpu_memory_utilization: float = VLLM_GPU_MEMORY_UTILIZATION,
+) -> int:
     """How many sequences of `seq_len` tokens (prompt + output) can hold their whole cache at once."""
     if seq_len < 1:
         raise ValueError(f"seq_len must be >= 1, got {seq_len}")
@@ -117,25 +141,41 @@ class MemoryPlan:
     sequences: int
 
 
-def memory_plan(name: str, config: PretrainedConfig, dtype: torch.dtype | str, gpu_gib: float, seq_len: int,
-                activation_gib: float, gpu_memory_utilization: float = VLLM_GPU_MEMORY_UTILIZATION) -> MemoryPlan:
-    return MemoryPlan(model=name, dtype=dtype if isinstance(dtype, str) else dtype_name(dtype),
-                      gpu_gib=gpu_gib, gpu_memory_utilization=gpu_memory_utilization, activation_gib=activation_gib,
-                      weight_gib=weight_bytes(config, dtype) / GIB, kv_bytes_per_token=kv_bytes_per_token(config, dtype),
-                      kv_tokens=kv_tokens_that_fit(config, dtype, gpu_gib, activation_gib, gpu_memory_utilization),
-                      seq_len=seq_len,
-                      sequences=max_concurrent_sequences(config, dtype, gpu_gib, seq_len, activation_gib,
-                                                         gpu_memory_utilization))
+def memory_plan(
+    name: str,
+    config: PretrainedConfig,
+    dtype: torch.dtype | str,
+    gpu_gib: float,
+    seq_len: int,
+    activation_gib: float,
+    gpu_memory_utilization: float = VLLM_GPU_MEMORY_UTILIZATION,
+) -> MemoryPlan:
+    return MemoryPlan(
+        model=name,
+        dtype=dtype if isinstance(dtype, str) else dtype_name(dtype),
+        gpu_gib=gpu_gib,
+        gpu_memory_utilization=gpu_memory_utilization,
+        activation_gib=activation_gib,
+        weight_gib=weight_bytes(config, dtype) / GIB,
+        kv_bytes_per_token=kv_bytes_per_token(config, dtype),
+        kv_tokens=kv_tokens_that_fit(config, dtype, gpu_gib, activation_gib, gpu_memory_utilization),
+        seq_len=seq_len,
+        sequences=max_concurrent_sequences(config, dtype, gpu_gib, seq_len, activation_gib, gpu_memory_utilization),
+    )
 
 
 def format_plans(plans: list[MemoryPlan]) -> str:
     """The plans as a plain-text table (GiB = 2^30 bytes)."""
     seqs_header = f"seqs of {plans[0].seq_len}" if plans else "sequences"
-    lines = [f"{'model':<14} {'dtype':<6} {'card GiB':>8} {'x util':>6} {'weights GiB':>11} {'activ. GiB':>10} "
-             f"{'KV B/token':>10} {'tokens that fit':>15} {seqs_header:>13}"]
+    lines = [
+        f"{'model':<14} {'dtype':<6} {'card GiB':>8} {'x util':>6} {'weights GiB':>11} {'activ. GiB':>10} "
+        f"{'KV B/token':>10} {'tokens that fit':>15} {seqs_header:>13}"
+    ]
     for p in plans:
-        lines.append(f"{p.model:<14} {p.dtype:<6} {p.gpu_gib:>8g} {p.gpu_memory_utilization:>6.2f} {p.weight_gib:>11.2f} "
-                     f"{p.activation_gib:>10g} {p.kv_bytes_per_token:>10,} {p.kv_tokens:>15,} {p.sequences:>13,}")
+        lines.append(
+            f"{p.model:<14} {p.dtype:<6} {p.gpu_gib:>8g} {p.gpu_memory_utilization:>6.2f} {p.weight_gib:>11.2f} "
+            f"{p.activation_gib:>10g} {p.kv_bytes_per_token:>10,} {p.kv_tokens:>15,} {p.sequences:>13,}"
+        )
     return "\n".join(lines)
 
 
@@ -154,9 +194,13 @@ class MeasuredMemory:
 
     def __str__(self) -> str:
         mib = 2**20
-        return (f"weights: allocated {self.weight_bytes_allocated / mib:,.1f} MiB, predicted {self.weight_bytes_predicted / mib:,.1f} MiB\n"
-                f"KV cache: allocated {self.cache_bytes_allocated / mib:,.1f} MiB, predicted {self.cache_bytes_predicted / mib:,.1f} MiB\n"
-                f"activation peak during generation (above weights + cache): {self.peak_above_cache / mib:,.1f} MiB")
+        return (
+            f"weights: allocated {self.weight_bytes_allocated / mib:,.1f} MiB, "
+            f"predicted {self.weight_bytes_predicted / mib:,.1f} MiB\n"
+            f"KV cache: allocated {self.cache_bytes_allocated / mib:,.1f} MiB, "
+            f"predicted {self.cache_bytes_predicted / mib:,.1f} MiB\n"
+            f"activation peak during generation (above weights + cache): {self.peak_above_cache / mib:,.1f} MiB"
+        )
 
 
 def measure_cuda_generation_memory(hf_model, prompt_ids: torch.Tensor, max_new_tokens: int) -> MeasuredMemory:

@@ -148,8 +148,11 @@ def llama3_scaled_frequencies(inv_freq: torch.Tensor, scaling: dict) -> torch.Te
     wavelength = 2 * math.pi / inv_freq
     smooth = ((old_context / wavelength - low) / (high - low)).clamp(0, 1)
     scaled = (1 - smooth) * inv_freq / factor + smooth * inv_freq
-    return torch.where(wavelength > old_context / low, inv_freq / factor,
-                       torch.where(wavelength < old_context / high, inv_freq, scaled))
+    return torch.where(
+        wavelength > old_context / low,
+        inv_freq / factor,
+        torch.where(wavelength < old_context / high, inv_freq, scaled),
+    )
 
 
 class MLP(nn.Module):
@@ -238,16 +241,24 @@ class Transformer(nn.Module):
         if arch.tie_word_embeddings:
             self.lm_head.weight = self.embed.weight
 
-    def forward(self, token_ids: torch.Tensor, positions: torch.Tensor, cache,
-                seq_ids: torch.Tensor | None = None, logits_rows: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self,
+        token_ids: torch.Tensor,
+        positions: torch.Tensor,
+        cache,
+        seq_ids: torch.Tensor | None = None,
+        logits_rows: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         """Logits [N, vocab] for a flat batch of N tokens (or only for `logits_rows`, e.g. each
         sequence's last token, which saves a [N, vocab] matmul during prefill).
 
         token_ids, positions: [N]; `cache`: a positional cache (write/read) with seq_ids [N] its
         slots (None: all slot 0), or the engine's `PagedKV` for this step (seq_ids unused)."""
         if token_ids.dim() != 1 or positions.shape != token_ids.shape:
-            raise ValueError(f"token_ids and positions must both be flat [N] tensors, got "
-                             f"{tuple(token_ids.shape)} and {tuple(positions.shape)}")
+            raise ValueError(
+                f"token_ids and positions must both be flat [N] tensors, got "
+                f"{tuple(token_ids.shape)} and {tuple(positions.shape)}"
+            )
         kv = cache if isinstance(cache, PagedKV) else PerSequenceKV(cache, plan_runs(positions, seq_ids))
         x = self.embed(token_ids)
         cos, sin = self.rotary(positions.to(x.device, non_blocking=True), x.dtype)
@@ -276,8 +287,9 @@ class Transformer(nn.Module):
             if source not in theirs:
                 raise KeyError(f"{type(hf_model).__name__} has no weight {source!r} for our {name!r}")
             if theirs[source].shape != param.shape:
-                raise ValueError(f"{source}: shape {tuple(theirs[source].shape)} does not fit our "
-                                 f"{name} {tuple(param.shape)}")
+                raise ValueError(
+                    f"{source}: shape {tuple(theirs[source].shape)} does not fit our {name} {tuple(param.shape)}"
+                )
             param.copy_(theirs[source])
         return model.eval()
 
@@ -285,9 +297,15 @@ class Transformer(nn.Module):
 # Our module names -> the transformers ones: the one place where the two naming schemes meet.
 HF_TOP_LEVEL = {"embed": "model.embed_tokens", "norm": "model.norm", "lm_head": "lm_head"}
 HF_IN_LAYER = {
-    "attn_norm": "input_layernorm", "mlp_norm": "post_attention_layernorm",
-    "attn.q": "self_attn.q_proj", "attn.k": "self_attn.k_proj", "attn.v": "self_attn.v_proj", "attn.o": "self_attn.o_proj",
-    "mlp.gate": "mlp.gate_proj", "mlp.up": "mlp.up_proj", "mlp.down": "mlp.down_proj",
+    "attn_norm": "input_layernorm",
+    "mlp_norm": "post_attention_layernorm",
+    "attn.q": "self_attn.q_proj",
+    "attn.k": "self_attn.k_proj",
+    "attn.v": "self_attn.v_proj",
+    "attn.o": "self_attn.o_proj",
+    "mlp.gate": "mlp.gate_proj",
+    "mlp.up": "mlp.up_proj",
+    "mlp.down": "mlp.down_proj",
 }
 
 

@@ -71,8 +71,15 @@ class LoadedModel:
         )
 
 
-def load_model(name: str | None = None, profile: Profile | None = None, *, weights: str | None = None,
-               local_path: str | os.PathLike | None = None, seed: int = 0, quiet: bool = False) -> LoadedModel:
+def load_model(
+    name: str | None = None,
+    profile: Profile | None = None,
+    *,
+    weights: str | None = None,
+    local_path: str | os.PathLike | None = None,
+    seed: int = 0,
+    quiet: bool = False,
+) -> LoadedModel:
     """Load `name` (default: the profile's model) on the profile's device and dtype.
 
     weights="auto" takes pretrained weights from `local_path`, the local Hugging Face cache or the
@@ -105,8 +112,15 @@ def load_model(name: str | None = None, profile: Profile | None = None, *, weigh
         model, tokenizer = _random_model(spec, profile, seed)
         loaded = dict(weights="random", weights_note=f"seed {seed}; {why_not}; outputs are gibberish")
 
-    result = LoadedModel(model=model.eval(), tokenizer=tokenizer, name=name, dtype=profile.dtype,
-                         device=profile.device, profile=profile, **loaded)
+    result = LoadedModel(
+        model=model.eval(),
+        tokenizer=tokenizer,
+        name=name,
+        dtype=profile.dtype,
+        device=profile.device,
+        profile=profile,
+        **loaded,
+    )
     if not quiet:
         print(result.header())
     return result
@@ -117,8 +131,9 @@ def _random_model(spec: ModelSpec, profile: Profile, seed: int):
     torch.manual_seed(seed)
     with torch.device(profile.device):
         model = AutoModelForCausalLM.from_config(config, dtype=profile.dtype)
-    tokenizer = byte_level_tokenizer(config.vocab_size, config.bos_token_id, config.eos_token_id,
-                                     getattr(config, "pad_token_id", None))
+    tokenizer = byte_level_tokenizer(
+        config.vocab_size, config.bos_token_id, config.eos_token_id, getattr(config, "pad_token_id", None)
+    )
     return model, tokenizer
 
 

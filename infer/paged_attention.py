@@ -54,8 +54,10 @@ def plan_runs(positions: torch.Tensor, seq_ids: torch.Tensor | None) -> list[Seq
         last = runs[-1] if runs else None
         if last is not None and last.seq_id == seq:
             if p != last.end:
-                raise ValueError(f"sequence {seq}: positions must be consecutive within a step, "
-                                 f"got {p} after {last.end - 1} (row {row})")
+                raise ValueError(
+                    f"sequence {seq}: positions must be consecutive within a step, "
+                    f"got {p} after {last.end - 1} (row {row})"
+                )
             runs[-1] = SeqRun(seq, last.row, last.start, last.n + 1)
         else:
             if any(r.seq_id == seq for r in runs):
@@ -75,9 +77,17 @@ class PrefillRun:
 class PagedKV:
     """One step's view of a block KV cache: what attention reads and writes, in every layer."""
 
-    def __init__(self, cache: KVCache, block_ids: torch.Tensor, offsets: torch.Tensor, decode_rows: torch.Tensor,
-                 decode_tables: torch.Tensor, decode_lengths: torch.Tensor, prefills: list[PrefillRun],
-                 first_decode_block: int | None = None):
+    def __init__(
+        self,
+        cache: KVCache,
+        block_ids: torch.Tensor,
+        offsets: torch.Tensor,
+        decode_rows: torch.Tensor,
+        decode_tables: torch.Tensor,
+        decode_lengths: torch.Tensor,
+        prefills: list[PrefillRun],
+        first_decode_block: int | None = None,
+    ):
         self.cache = cache
         self.block_ids, self.offsets = block_ids, offsets  # [N]: where each new token's K/V go
         self.decode_rows, self.decode_tables, self.decode_lengths = decode_rows, decode_tables, decode_lengths
@@ -92,8 +102,11 @@ class PagedKV:
         block_ids, offsets = [], []
         for run, table in zip(runs, block_tables, strict=True):
             if run.end > len(table) * block_size:
-                raise ValueError(f"sequence {run.seq_id} needs position {run.end - 1}, but its {len(table)} blocks of "
-                                 f"{block_size} hold positions 0..{len(table) * block_size - 1}: the KV store gave it too little room")
+                raise ValueError(
+                    f"sequence {run.seq_id} needs position {run.end - 1}, but its {len(table)} blocks of "
+                    f"{block_size} hold positions 0..{len(table) * block_size - 1}: the KV store gave it too "
+                    f"little room"
+                )
             for position in range(run.start, run.end):
                 block_ids.append(table[position // block_size])
                 offsets.append(position % block_size)
@@ -110,11 +123,21 @@ class PagedKV:
         def on_device(values) -> torch.Tensor:  # built on the host, moved once
             return torch.tensor(values, dtype=torch.long, device="cpu").to(device, non_blocking=True)
 
-        prefills = [PrefillRun(run.rows, run.start, run.end, on_device(table[:-(-run.end // block_size)]))
-                    for run, table in zip(runs, block_tables) if run.n > 1]
-        return cls(cache, on_device(block_ids), on_device(offsets), on_device([run.row for run, _ in decodes]),
-                   on_device(tables).reshape(len(decodes), widest), on_device([run.end for run, _ in decodes]), prefills,
-                   first_decode_block)
+        prefills = [
+            PrefillRun(run.rows, run.start, run.end, on_device(table[: -(-run.end // block_size)]))
+            for run, table in zip(runs, block_tables)
+            if run.n > 1
+        ]
+        return cls(
+            cache,
+            on_device(block_ids),
+            on_device(offsets),
+            on_device([run.row for run, _ in decodes]),
+            on_device(tables).reshape(len(decodes), widest),
+            on_device([run.end for run, _ in decodes]),
+            prefills,
+            first_decode_block,
+        )
 
     @classmethod
     def for_slots(cls, cache: KVCache, positions: torch.Tensor, seq_ids: torch.Tensor) -> "PagedKV":
@@ -149,8 +172,8 @@ class PagedKV:
             values = gather_blocks(self.cache.v[layer], self.decode_tables, self.longest_decode)
         else:  # one block each, side by side: a view of the cache is the batch, no copy
             blocks = slice(self.first_decode_block, self.first_decode_block + len(self.decode_rows))
-            keys = self.cache.k[layer][blocks, :, :self.longest_decode]
-            values = self.cache.v[layer][blocks, :, :self.longest_decode]
+            keys = self.cache.k[layer][blocks, :, : self.longest_decode]
+            values = self.cache.v[layer][blocks, :, : self.longest_decode]
         mask = torch.arange(self.longest_decode, device=q.device)[None, :] < self.decode_lengths[:, None]
         batch, kv_heads = keys.shape[:2]
         # query head h reads KV head h // group: [B, kv_heads, group, d] needs no copies of K and V
@@ -165,7 +188,7 @@ def gather_blocks(buffer: torch.Tensor, block_tables: torch.Tensor, length: int)
 
     Positions past `length` are cut before the gather, so one long block (the slot store's) is
     copied only as far as it is used."""
-    used = buffer[:, :, :min(buffer.shape[2], length)]
+    used = buffer[:, :, : min(buffer.shape[2], length)]
     batch, num_blocks = block_tables.shape
     _, kv_heads, per_block, head_dim = used.shape
     # index_select copies whole rows; advanced indexing (used[block_tables]) is several times slower on a view

@@ -99,8 +99,16 @@ def stamp_provenance(fig: plt.Figure, meta: dict[str, str]) -> None:
     lines = wrap_fields(provenance_line(meta), chars_per_line(fig.get_figwidth()))
     strip_in = (len(lines) * 1.35 * MIN_FONT_PT / 72) + 0.1
     fig.tight_layout(rect=(0, strip_in / fig.get_figheight(), 1, 1))
-    fig.text(0.5, 0.05 / fig.get_figheight(), "\n".join(lines), ha="center", va="bottom",
-             fontsize=MIN_FONT_PT, color="0.3", linespacing=1.35)
+    fig.text(
+        0.5,
+        0.05 / fig.get_figheight(),
+        "\n".join(lines),
+        ha="center",
+        va="bottom",
+        fontsize=MIN_FONT_PT,
+        color="0.3",
+        linespacing=1.35,
+    )
 
 
 def chars_per_line(width_in: float, font_pt: float = MIN_FONT_PT) -> int:
@@ -125,5 +133,6 @@ def plot_medians(ax: plt.Axes, x, timings: list[Timing], *, scale: float = 1.0, 
     (1e-3 plots seconds). Returns matplotlib's ErrorbarContainer."""
     medians = np.array([t.median_ms for t in timings]) * scale
     spreads = np.array([t.spread_ms for t in timings]) * scale
-    return ax.errorbar(x, medians, yerr=np.vstack([medians - spreads[:, 0], spreads[:, 1] - medians]),
-                       capsize=3, **style)
+    return ax.errorbar(
+        x, medians, yerr=np.vstack([medians - spreads[:, 0], spreads[:, 1] - medians]), capsize=3, **style
+    )

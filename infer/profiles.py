@@ -22,7 +22,7 @@ PROFILE_ENV_VAR = "INFER_PROFILE"
 
 
 def dtype_name(dtype: torch.dtype) -> str:
-    """"bfloat16" for torch.bfloat16: how a dtype is written in headers, tables and results."""
+    """ "bfloat16" for torch.bfloat16: how a dtype is written in headers, tables and results."""
     return str(dtype).removeprefix("torch.")
 
 
@@ -74,7 +74,9 @@ PROFILES = {
         dtype=torch.bfloat16,
         device="cuda",
         # The seed's grid: 2048 input / 64 output tokens, concurrency up to 32, 200 prompts.
-        grid=BenchmarkGrid(input_lens=(512, 2048), output_lens=(64,), concurrency=(1, 2, 4, 8, 16, 32), num_prompts=200),
+        grid=BenchmarkGrid(
+            input_lens=(512, 2048), output_lens=(64,), concurrency=(1, 2, 4, 8, 16, 32), num_prompts=200
+        ),
         slo=SLO(ttft_ms=500.0, tpot_ms=20.0),
     ),
     "gpu-check": Profile(
@@ -108,8 +110,10 @@ def pick_profile(override: str | None = None) -> Profile:
                 f"valid profiles: {', '.join(sorted(PROFILES))}"
             )
         if PROFILES[requested].device == "cuda" and not torch.cuda.is_available():
-            raise RuntimeError(f"Profile {requested!r} needs a CUDA GPU, and torch sees none "
-                               f"(INFER_PROFILE=gpu-dryrun runs its code paths on a CPU, at small sizes).")
+            raise RuntimeError(
+                f"Profile {requested!r} needs a CUDA GPU, and torch sees none "
+                f"(INFER_PROFILE=gpu-dryrun runs its code paths on a CPU, at small sizes)."
+            )
         return _with_reason(PROFILES[requested], f"requested by {'argument' if override else '$' + PROFILE_ENV_VAR}")
     if torch.cuda.is_available():
         return _with_reason(PROFILES["gpu"], f"CUDA device found: {torch.cuda.get_device_name(0)}")

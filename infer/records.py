@@ -53,19 +53,25 @@ class RequestRecord:
         if self.prompt_len < 0:
             raise ValueError(f"{name}: prompt_len must be >= 0, got {self.prompt_len}")
         if self.send_time < 0:
-            raise ValueError(f"{name}: send_time is negative ({self.send_time}); times are seconds on a "
-                             f"monotonic clock such as time.perf_counter()")
+            raise ValueError(
+                f"{name}: send_time is negative ({self.send_time}); times are seconds on a "
+                f"monotonic clock such as time.perf_counter()"
+            )
         previous, what = self.send_time, "the send time"
         for i, t in enumerate(self.chunk_times):
             if t < previous:
-                raise ValueError(f"{name}: chunk {i} arrives at {t:.6f} s, before {what} ({previous:.6f} s): "
-                                 f"negative time; were the times taken from different clocks?")
+                raise ValueError(
+                    f"{name}: chunk {i} arrives at {t:.6f} s, before {what} ({previous:.6f} s): "
+                    f"negative time; were the times taken from different clocks?"
+                )
             previous, what = t, f"chunk {i}"
         if self.end_time is not None and self.end_time < self.send_time:
             raise ValueError(f"{name}: end_time {self.end_time:.6f} s is before send_time {self.send_time:.6f} s")
         if self.chunk_tokens is not None:
             if len(self.chunk_tokens) != len(self.chunk_times):
-                raise ValueError(f"{name}: {len(self.chunk_tokens)} chunk_tokens for {len(self.chunk_times)} chunk_times")
+                raise ValueError(
+                    f"{name}: {len(self.chunk_tokens)} chunk_tokens for {len(self.chunk_times)} chunk_times"
+                )
             if any(n < 0 for n in self.chunk_tokens):
                 raise ValueError(f"{name}: chunk_tokens must be >= 0, got {self.chunk_tokens}")
         if self.output_tokens is not None and self.output_tokens < 0:

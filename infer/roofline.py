@@ -80,8 +80,14 @@ def _layer_linear_widths(a: Arch) -> int:
     return projections + mlp
 
 
-def forward_cost(config: PretrainedConfig, new_tokens: int, context_tokens: int, bytes_per_element: int,
-                 *, logits_rows: int | None = None) -> ForwardCost:
+def forward_cost(
+    config: PretrainedConfig,
+    new_tokens: int,
+    context_tokens: int,
+    bytes_per_element: int,
+    *,
+    logits_rows: int | None = None,
+) -> ForwardCost:
     """FLOPs and bytes moved by one forward pass (batch 1) over `new_tokens` tokens that attend
     to `context_tokens` earlier ones held in a KV cache.
 
@@ -143,17 +149,24 @@ def plot_roofline(ax: plt.Axes, peak_flops: float, bandwidth: float, points: dic
     ax.grid(True, which="both", alpha=0.3)
 
 
-def plot_matmul_saturation(ax: plt.Axes, weights: dict[str, tuple[int, int]], bytes_per_element: int,
-                           max_rows: int = 65536) -> None:
+def plot_matmul_saturation(
+    ax: plt.Axes, weights: dict[str, tuple[int, int]], bytes_per_element: int, max_rows: int = 65536
+) -> None:
     """Intensity of m activation rows times each [k, n] weight, against m: it follows 2m/b while the
     weight dominates the bytes, then flattens at its ceiling 2kn / (b (k + n)) (dashed)."""
     rows = np.unique(np.logspace(0, np.log10(max_rows), 200).astype(int))
     ax.loglog(rows, 2 * rows / bytes_per_element, color="0.6", linestyle=":", label="2m/b (weights only)")
     for i, (label, (k, n)) in enumerate(weights.items()):
-        ax.loglog(rows, [matmul_arithmetic_intensity(m, k, n, bytes_per_element) for m in rows], color=f"C{i}",
-                  label=f"{label}: [m, {k}] @ [{k}, {n}]")
+        ax.loglog(
+            rows,
+            [matmul_arithmetic_intensity(m, k, n, bytes_per_element) for m in rows],
+            color=f"C{i}",
+            label=f"{label}: [m, {k}] @ [{k}, {n}]",
+        )
         ceiling = matmul_intensity_limit(k, n, bytes_per_element)
-        ax.axhline(ceiling, color=f"C{i}", linestyle="--", linewidth=0.8, label=f"ceiling 2kn/(b(k+n)) = {ceiling:,.0f}")
+        ax.axhline(
+            ceiling, color=f"C{i}", linestyle="--", linewidth=0.8, label=f"ceiling 2kn/(b(k+n)) = {ceiling:,.0f}"
+        )
     ax.set_ylim(top=max(matmul_intensity_limit(k, n, bytes_per_element) for k, n in weights.values()) * 3)
     ax.set_xlabel("activation rows m (tokens in the pass)")
     ax.set_ylabel("arithmetic intensity (FLOP/byte)")
@@ -200,9 +213,11 @@ class MeasuredRoofline:
 
     def __str__(self) -> str:
         dtype = dtype_name(self.probe.matmul_dtype)
-        return (f"matmul {self.probe.matmul_size}x{self.probe.matmul_size} {dtype}: {self.peak_flops / 1e9:,.1f} GFLOP/s | "
-                f"copy {self.probe.copy_megabytes} MiB: {self.bandwidth / 1e9:,.1f} GB/s | "
-                f"ridge point: {self.ridge_point:.1f} FLOP/byte")
+        return (
+            f"matmul {self.probe.matmul_size}x{self.probe.matmul_size} {dtype}: {self.peak_flops / 1e9:,.1f} GFLOP/s | "
+            f"copy {self.probe.copy_megabytes} MiB: {self.bandwidth / 1e9:,.1f} GB/s | "
+            f"ridge point: {self.ridge_point:.1f} FLOP/byte"
+        )
 
 
 def measure_roofline(profile) -> MeasuredRoofline:

@@ -5,9 +5,9 @@ GPU work is asynchronous: without a synchronize, a timer measures only how long 
 
 import statistics
 import time
+from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 
@@ -64,7 +64,9 @@ class Timing:
         return f"{self.median_ms:.3f} ms (p10 {low:.3f}, p90 {high:.3f}, n={len(self.samples_ms)})"
 
 
-def benchmark(fn: Callable[[], object], *, device: str | torch.device = "cpu", warmup: int = 2, repeats: int = 5) -> Timing:
+def benchmark(
+    fn: Callable[[], object], *, device: str | torch.device = "cpu", warmup: int = 2, repeats: int = 5
+) -> Timing:
     """Run `fn` `warmup` times untimed, then `repeats` times timed, each run synchronized."""
     if repeats < 1:
         raise ValueError(f"repeats must be >= 1, got {repeats}")

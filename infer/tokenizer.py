@@ -10,7 +10,9 @@ from transformers import PreTrainedTokenizerFast
 BYTE_TOKENS = 256
 
 
-def byte_level_tokenizer(vocab_size: int, bos_id: int, eos_id: int, pad_id: int | None = None) -> PreTrainedTokenizerFast:
+def byte_level_tokenizer(
+    vocab_size: int, bos_id: int, eos_id: int, pad_id: int | None = None
+) -> PreTrainedTokenizerFast:
     specials = {bos_id: "<|bos|>", eos_id: "<|eos|>"}
     if pad_id is not None:
         specials[pad_id] = "<|pad|>"
@@ -37,7 +39,9 @@ def byte_level_tokenizer(vocab_size: int, bos_id: int, eos_id: int, pad_id: int 
 def _byte_of(char: str) -> int:
     """Inverse of GPT-2's byte-to-unicode table, which the ByteLevel pre-tokenizer uses."""
     code = ord(char)
-    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    printable = (
+        list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    )
     if code in printable:
         return code
     others = [b for b in range(256) if b not in printable]

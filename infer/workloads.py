@@ -28,8 +28,10 @@ class Workload:
         if self.offsets is None:
             object.__setattr__(self, "offsets", [0.0] * len(self.prompts))
         if not len(self.prompts) == len(self.output_lens) == len(self.offsets):
-            raise ValueError(f"{len(self.prompts)} prompts, {len(self.output_lens)} output lengths and "
-                             f"{len(self.offsets)} offsets: give one of each per request")
+            raise ValueError(
+                f"{len(self.prompts)} prompts, {len(self.output_lens)} output lengths and "
+                f"{len(self.offsets)} offsets: give one of each per request"
+            )
 
     @property
     def prompt_lens(self) -> list[int]:
@@ -45,8 +47,16 @@ def random_prompt(rng: random.Random, length: int, vocab_size: int) -> list[int]
     return [rng.randrange(vocab_size) for _ in range(length)]
 
 
-def mixed_workload(name: str, vocab_size: int, num_requests: int, prompt_range: tuple[int, int],
-                   output_range: tuple[int, int], *, seed: int = 0, request_rate: float = math.inf) -> Workload:
+def mixed_workload(
+    name: str,
+    vocab_size: int,
+    num_requests: int,
+    prompt_range: tuple[int, int],
+    output_range: tuple[int, int],
+    *,
+    seed: int = 0,
+    request_rate: float = math.inf,
+) -> Workload:
     """Prompt and output lengths uniform in their (inclusive) ranges, sent at `request_rate` per
     second (Poisson arrivals; inf: all at once)."""
     rng = random.Random(seed)
@@ -55,8 +65,9 @@ def mixed_workload(name: str, vocab_size: int, num_requests: int, prompt_range: 
     return Workload(name, prompts, outputs, arrival_offsets(num_requests, request_rate, seed=seed))
 
 
-def arrival_offsets(num_requests: int, request_rate: float = math.inf, burstiness: float = 1.0,
-                    seed: int = 0) -> list[float]:
+def arrival_offsets(
+    num_requests: int, request_rate: float = math.inf, burstiness: float = 1.0, seed: int = 0
+) -> list[float]:
     """When each request leaves, in seconds from the start, as vLLM 0.32 schedules them."""
     if num_requests < 1:
         raise ValueError(f"num_requests must be >= 1, got {num_requests}")
@@ -69,7 +80,8 @@ def arrival_offsets(num_requests: int, request_rate: float = math.inf, burstines
     if math.isinf(burstiness):
         gaps = np.full(num_requests, 1.0 / request_rate)
     else:
-        gaps = np.random.default_rng(seed).gamma(shape=burstiness, scale=1.0 / (request_rate * burstiness),
-                                                 size=num_requests)
+        gaps = np.random.default_rng(seed).gamma(
+            shape=burstiness, scale=1.0 / (request_rate * burstiness), size=num_requests
+        )
     offsets = np.cumsum(gaps)
     return (offsets * (num_requests / request_rate) / offsets[-1]).tolist()

@@ -6,7 +6,6 @@ from infer.engine.sequence import benchmark_params
 from infer.generate import cached_greedy_generate
 from infer.kv_cache import KVCache
 
-
 greedy = benchmark_params  # temperature 0, EOS ignored: exactly max_tokens tokens
 
 

@@ -17,17 +17,40 @@ import nbformat
 from infer.course.labgen import replace_solution_blocks
 from tests.notebook_files import REPO_ROOT
 
-NBVAL_ARGS = ["--nbval-lax", "--nbval-current-env", "--nbval-cell-timeout=300",
-              "--nbval-sanitize-with", str(REPO_ROOT / "tests" / "nbval_sanitize.cfg"), "--color=no"]
+NBVAL_ARGS = [
+    "--nbval-lax",
+    "--nbval-current-env",
+    "--nbval-cell-timeout=300",
+    "--nbval-sanitize-with",
+    str(REPO_ROOT / "tests" / "nbval_sanitize.cfg"),
+    "--color=no",
+]
 
 
 def cell_results(notebook_path: Path, workdir: Path) -> dict[str, bool]:
     """{cell id: passed} for every code cell nbval reported on."""
     report = workdir / f"{notebook_path.stem}.junit.xml"
     subprocess.run(
-        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "no:xdist", "-q", *NBVAL_ARGS,
-         f"--junitxml={report}", "--rootdir", str(workdir), str(notebook_path)],
-        cwd=workdir, env=os.environ | {"HF_HUB_OFFLINE": "1"}, capture_output=True, text=True, timeout=900,
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-p",
+            "no:cacheprovider",
+            "-p",
+            "no:xdist",
+            "-q",
+            *NBVAL_ARGS,
+            f"--junitxml={report}",
+            "--rootdir",
+            str(workdir),
+            str(notebook_path),
+        ],
+        cwd=workdir,
+        env=os.environ | {"HF_HUB_OFFLINE": "1"},
+        capture_output=True,
+        text=True,
+        timeout=900,
     )
     assert report.exists(), f"nbval wrote no report for {notebook_path}"
     code_cell_ids = [c.id for c in nbformat.read(notebook_path, as_version=4).cells if c.cell_type == "code"]
@@ -50,12 +73,13 @@ def with_solutions_replaced(notebook, replacements: dict[str, str | list[str]]):
             assert "# BEGIN SOLUTION" in cell.source, f"cell {cell.id!r} has no solution block to replace"
             new = replacements[cell.id]
             blocks = iter([new] if isinstance(new, str) else new)
-            cell.source = replace_solution_blocks(cell.source, lambda block, indent: [next(blocks)])
+            cell.source = replace_solution_blocks(cell.source, lambda block, indent, blocks=blocks: [next(blocks)])
     return notebook
 
 
-def assert_only_mistaken_checks_fail(solution_path: Path, mistakes: dict[str, str | list[str]],
-                                     check_of_task: dict[str, str], workdir: Path) -> None:
+def assert_only_mistaken_checks_fail(
+    solution_path: Path, mistakes: dict[str, str | list[str]], check_of_task: dict[str, str], workdir: Path
+) -> None:
     """Put `mistakes` (cell id -> wrong solution) into a copy of the solution and run nbval on it:
     the check of each mistaken task (`check_of_task`, or the cell itself when it checks its own
     answer) must fail, and every other check must still pass."""

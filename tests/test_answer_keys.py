@@ -37,7 +37,9 @@ def test_every_numeric_question_states_its_tolerance(week):
     for qid, key in json.loads((KEYS_DIR / f"{week}.json").read_text()).items():
         if key["kind"] == "number":
             stated = tolerance_statement(key["tolerance"])
-            assert texts[qid].rstrip().endswith(stated), f"{qid}: its text must end with {stated!r}, as its key checks it"
+            assert texts[qid].rstrip().endswith(stated), (
+                f"{qid}: its text must end with {stated!r}, as its key checks it"
+            )
 
 
 def _lecture_headings(week: str) -> set[str]:
@@ -53,17 +55,22 @@ def test_every_section_named_is_in_the_lecture(week):
     for qid, key in json.loads((KEYS_DIR / f"{week}.json").read_text()).items():
         match = re.fullmatch(rf'the week {week} lecture, section (\d+) \("(.+)"\)', key["section"])
         assert match, f"{qid}: section {key['section']!r} does not name a lecture section"
-        assert f"{match[1]}. {match[2].replace('`', '')}" in headings, f"{qid}: the week {week} lecture has no section {key['section']!r}"
+        assert f"{match[1]}. {match[2].replace('`', '')}" in headings, (
+            f"{qid}: the week {week} lecture has no section {key['section']!r}"
+        )
 
 
-@pytest.mark.parametrize("qid, passes, fails", [
-    ("02.q1", [6225, 6225.0], [6200, 6163, 6250]),            # an exact count
-    ("02.q3", [131072], [131000, 131100]),                    # an exact count of bytes
-    ("02.q4", [0.4027, 0.4, 0.399, 0.406], [0.398, 0.407]),   # within 1% of 0.4027, no gap
-    ("02.q6", [182], [180, 181, 183, 184, 182.7]),            # round down: exact
-    ("04.q4", [192], [188, 184, 196, 187.5]),                 # KB = 1000 gives 188
-    ("01.q4", [30.12, 30.0], [32, 31]),                       # the 2m/b approximation gives 32
-])
+@pytest.mark.parametrize(
+    "qid, passes, fails",
+    [
+        ("02.q1", [6225, 6225.0], [6200, 6163, 6250]),  # an exact count
+        ("02.q3", [131072], [131000, 131100]),  # an exact count of bytes
+        ("02.q4", [0.4027, 0.4, 0.399, 0.406], [0.398, 0.407]),  # within 1% of 0.4027, no gap
+        ("02.q6", [182], [180, 181, 183, 184, 182.7]),  # round down: exact
+        ("04.q4", [192], [188, 184, 196, 187.5]),  # KB = 1000 gives 188
+        ("01.q4", [30.12, 30.0], [32, 31]),  # the 2m/b approximation gives 32
+    ],
+)
 def test_the_gaps_issue_9_found_are_closed(qid, passes, fails):
     for answer in passes:
         assert grade_answer(qid, answer).ok, f"{qid} rejects {answer}"

@@ -7,11 +7,30 @@ import sys
 import pytest
 import torch
 
-from infer.attention import (IMPLEMENTATIONS, TOLERANCES, AttentionImpl, SoftmaxState, block_state, check_exactness,
-                             empty_state, finalize, flash_attn_import_problem, merge_states, naive_attention,
-                             random_qkv, reference_attention, relative_error, tiled_attention)
-from infer.attention_triton import (SHARED_MEMORY_BUDGET, SUPPORTED_DTYPES, SUPPORTED_HEAD_DIMS, LaunchConfig,
-                                    launch_config)
+from infer.attention import (
+    IMPLEMENTATIONS,
+    TOLERANCES,
+    AttentionImpl,
+    SoftmaxState,
+    block_state,
+    check_exactness,
+    empty_state,
+    finalize,
+    flash_attn_import_problem,
+    merge_states,
+    naive_attention,
+    random_qkv,
+    reference_attention,
+    relative_error,
+    tiled_attention,
+)
+from infer.attention_triton import (
+    SHARED_MEMORY_BUDGET,
+    SUPPORTED_DTYPES,
+    SUPPORTED_HEAD_DIMS,
+    LaunchConfig,
+    launch_config,
+)
 from infer.availability import YES
 from infer.experiments.attention_bench import SweepConfig, TensorBytes, format_table, run_sweep
 from tests.notebook_files import REPO_ROOT
@@ -34,8 +53,10 @@ def _runnable_here(name: str, dtype: torch.dtype, head_dim: int):
 def test_implementation_matches_float64_reference(name, dtype, causal, shape):
     _runnable_here(name, dtype, shape[-1])
     result = check_exactness(IMPLEMENTATIONS[name], dtype=dtype, causal=causal, shape=shape)
-    assert result.ok, (f"{name} in {dtype} (causal={causal}, shape {shape}) is off the float64 reference by "
-                       f"{result.error:.2e}, more than {result.tolerance:.0e}: {result.line}")
+    assert result.ok, (
+        f"{name} in {dtype} (causal={causal}, shape {shape}) is off the float64 reference by "
+        f"{result.error:.2e}, more than {result.tolerance:.0e}: {result.line}"
+    )
 
 
 @pytest.mark.parametrize("blocks", [(16, 16), (64, 32), (32, 64), (7, 13)])
@@ -44,14 +65,19 @@ def test_tiled_is_exact_for_any_block_shape(blocks, causal):
     q, k, v = random_qkv(2, 2, 101, 32, seed=3)
     out = tiled_attention(q, k, v, causal=causal, block_q=blocks[0], block_k=blocks[1])
     error = relative_error(out, reference_attention(q, k, v, causal=causal))
-    assert error < 1e-5, (f"tiled_attention with block_q={blocks[0]}, block_k={blocks[1]} is off by {error:.2e}: "
-                          "check the rescaling by exp(m_old - m_new) and the diagonal mask")
+    assert error < 1e-5, (
+        f"tiled_attention with block_q={blocks[0]}, block_k={blocks[1]} is off by {error:.2e}: "
+        "check the rescaling by exp(m_old - m_new) and the diagonal mask"
+    )
 
 
 def test_float64_inputs_reach_float64_accuracy():
     q, k, v = random_qkv(1, 2, 70, 16, dtype=torch.float64, seed=1)
     for fn in (naive_attention, tiled_attention):
-        assert relative_error(fn(q, k, v, causal=True), reference_attention(q, k, v, causal=True)) < TOLERANCES[torch.float64]
+        assert (
+            relative_error(fn(q, k, v, causal=True), reference_attention(q, k, v, causal=True))
+            < TOLERANCES[torch.float64]
+        )
 
 
 def test_first_causal_row_attends_to_itself_only():
@@ -91,13 +117,24 @@ def test_tiled_never_holds_the_full_score_matrix_but_naive_does():
     with TensorBytes() as tiled:
         tiled_attention(q, k, v, causal=True, block_q=64, block_k=64)
     assert naive.peak >= 2 * full, f"naive attention should hold S and P ({2 * full} bytes); tracked {naive.peak}"
-    assert tiled.peak < full / 4, f"tiled attention held {tiled.peak} bytes, a large part of the {full}-byte N x N matrix"
+    assert tiled.peak < full / 4, (
+        f"tiled attention held {tiled.peak} bytes, a large part of the {full}-byte N x N matrix"
+    )
 
 
 def test_sweep_refuses_naive_over_the_cpu_budget_and_goes_on():
     impls = {name: IMPLEMENTATIONS[name] for name in ("naive", "tiled")}
-    config = SweepConfig(seq_lens=(64, 256), batch=1, heads=1, head_dim=16, dtype=torch.float32, device="cpu",
-                         warmup=0, repeats=1, cpu_budget_bytes=200_000)
+    config = SweepConfig(
+        seq_lens=(64, 256),
+        batch=1,
+        heads=1,
+        head_dim=16,
+        dtype=torch.float32,
+        device="cpu",
+        warmup=0,
+        repeats=1,
+        cpu_budget_bytes=200_000,
+    )
     result = run_sweep(impls, config, progress=False)
     assert result.point("naive", 64).status == "ok"
     refused = result.point("naive", 256)
@@ -108,13 +145,17 @@ def test_sweep_refuses_naive_over_the_cpu_budget_and_goes_on():
 def test_one_failing_implementation_is_recorded_and_the_sweep_goes_on():
     """Before issue 22 the sweep caught only out-of-memory: a flash-attn build that fails at its first
     call, or a Triton kernel out of shared memory, ended week 04's sweep."""
+
     def broken(q, k, v, causal=False):
         raise ImportError("flash_attn_2_cuda.so: undefined symbol: _ZN3c104cuda9SetDeviceEi")
 
-    impls = {"broken": AttentionImpl("broken", broken, "fails at its first call", lambda *a: YES, False),
-             "tiled": IMPLEMENTATIONS["tiled"]}
-    config = SweepConfig(seq_lens=(64,), batch=1, heads=1, head_dim=16, dtype=torch.float32, device="cpu",
-                         warmup=0, repeats=1)
+    impls = {
+        "broken": AttentionImpl("broken", broken, "fails at its first call", lambda *a: YES, False),
+        "tiled": IMPLEMENTATIONS["tiled"],
+    }
+    config = SweepConfig(
+        seq_lens=(64,), batch=1, heads=1, head_dim=16, dtype=torch.float32, device="cpu", warmup=0, repeats=1
+    )
     result = run_sweep(impls, config, progress=False)
     failed = result.point("broken", 64)
     assert failed.status == "failed" and failed.note.startswith("ImportError: flash_attn_2_cuda.so"), failed
@@ -188,6 +229,12 @@ def test_triton_kernel_in_the_cpu_interpreter():
         "        r = check_exactness(IMPLEMENTATIONS['triton'], dtype=dtype, causal=causal, shape=(1, 2, 70, 16))\n"
         "        assert r.ok, r.line\n"
     )
-    run = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True, timeout=300,
-                         env=os.environ | {"TRITON_INTERPRET": "1"})
+    run = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=os.environ | {"TRITON_INTERPRET": "1"},
+    )
     assert run.returncode == 0, run.stderr[-2000:]

@@ -4,8 +4,15 @@ import math
 
 import pytest
 
-from infer.attention_io import (flash_attention_hbm_bytes, flash_block_sizes, io_time_ms, score_matrix_bytes,
-                                standard_attention_hbm_bytes, standard_over_tiled_limit, tiled_hbm_bytes)
+from infer.attention_io import (
+    flash_attention_hbm_bytes,
+    flash_block_sizes,
+    io_time_ms,
+    score_matrix_bytes,
+    standard_attention_hbm_bytes,
+    standard_over_tiled_limit,
+    tiled_hbm_bytes,
+)
 
 
 def test_score_matrix_bytes():
@@ -58,8 +65,12 @@ def test_io_time():
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_the_byte_ratio_tends_to_a_constant_not_to_infinity(causal):
     limit = standard_over_tiled_limit(64, 256, causal=causal)
-    assert limit == (16.0 if causal else 8.0), "4N^2 against 2N^2 d / B_r (halved when causal): 2 B_r / d, 4 B_r / d causal"
-    ratios = [standard_attention_hbm_bytes(n, 64, 4) / tiled_hbm_bytes(n, 64, 256, 256, 4, causal=causal)
-              for n in (512, 2048, 8192, 2**17)]
+    assert limit == (16.0 if causal else 8.0), (
+        "4N^2 against 2N^2 d / B_r (halved when causal): 2 B_r / d, 4 B_r / d causal"
+    )
+    ratios = [
+        standard_attention_hbm_bytes(n, 64, 4) / tiled_hbm_bytes(n, 64, 256, 256, 4, causal=causal)
+        for n in (512, 2048, 8192, 2**17)
+    ]
     assert ratios == sorted(ratios) and ratios[-1] < limit, f"the ratio approaches its limit from below: {ratios}"
     assert ratios[-1] == pytest.approx(limit, rel=0.02), "at 128k tokens the O(Nd) terms no longer matter"

@@ -18,7 +18,6 @@ from infer.course.exercises import week01, week02, week03, week04
 from infer.kv_cache import KVCache
 from infer.metrics import request_latencies_ms
 
-
 # ---------------------------------------------------------------- lab 01: the naive loop
 
 
@@ -30,7 +29,7 @@ def naive_loop(model, prompt_ids, max_new_tokens, timestamps=None):
         sequence = torch.cat([sequence, next_token], dim=1)
         if timestamps is not None:
             timestamps.append(time.perf_counter())
-    return sequence[:, prompt_ids.shape[1]:]
+    return sequence[:, prompt_ids.shape[1] :]
 
 
 @torch.no_grad()
@@ -43,7 +42,7 @@ def generate_instead_of_a_loop(model, prompt_ids, max_new_tokens, timestamps=Non
     """transformers' own generate(): the right tokens, from a cached loop."""
     config = GenerationConfig(do_sample=False, max_new_tokens=max_new_tokens, eos_token_id=[], pad_token_id=0)
     out = model.generate(prompt_ids, attention_mask=torch.ones_like(prompt_ids), generation_config=config)
-    return out[:, prompt_ids.shape[1]:]
+    return out[:, prompt_ids.shape[1] :]
 
 
 def test_honest_naive_loop_passes(tiny):
@@ -161,7 +160,7 @@ def recomputing_loop(model, prompt_ids, max_new_tokens, cache):
     for _ in range(max_new_tokens):
         token = model(sequence, torch.arange(sequence.shape[0]), cache)[-1].argmax().reshape(1)
         sequence = torch.cat([sequence, token])
-    return sequence[prompt_ids.shape[1]:][None]
+    return sequence[prompt_ids.shape[1] :][None]
 
 
 def test_cached_loop_passes(tiny):
@@ -235,19 +234,22 @@ def tiled(q, k, v, causal, block_size, mask=lambda key_pos, query_pos: key_pos >
     n, scale = q.shape[-2], 1.0 / math.sqrt(q.shape[-1])
     out = torch.empty_like(q)
     for q_start in range(0, n, block_size):
-        q_block = q[..., q_start:q_start + block_size, :]
+        q_block = q[..., q_start : q_start + block_size, :]
         rows = q_block.shape[-2]
-        state = SoftmaxState(torch.full((*q_block.shape[:-1], 1), float("-inf")),
-                             torch.zeros((*q_block.shape[:-1], 1)), torch.zeros_like(q_block))
+        state = SoftmaxState(
+            torch.full((*q_block.shape[:-1], 1), float("-inf")),
+            torch.zeros((*q_block.shape[:-1], 1)),
+            torch.zeros_like(q_block),
+        )
         for k_start in range(0, n, block_size):
-            k_block, v_block = k[..., k_start:k_start + block_size, :], v[..., k_start:k_start + block_size, :]
+            k_block, v_block = k[..., k_start : k_start + block_size, :], v[..., k_start : k_start + block_size, :]
             scores = q_block @ k_block.transpose(-2, -1) * scale
             if causal:
                 query_pos = torch.arange(q_start, q_start + rows)[:, None]
                 key_pos = torch.arange(k_start, k_start + k_block.shape[-2])[None, :]
                 scores = scores.masked_fill(mask(key_pos, query_pos), float("-inf"))
             state = merge(state, block_state(scores, v_block))
-        out[..., q_start:q_start + rows, :] = state.acc / state.sum
+        out[..., q_start : q_start + rows, :] = state.acc / state.sum
     return out
 
 
@@ -267,13 +269,16 @@ def strip_of_scores(q, k, v, causal, block_size):
     """Query blocks, but every key at once: a [block, N] strip of scores per step, not tiles."""
     out = torch.empty_like(q)
     for start in range(0, q.shape[-2], block_size):
-        out[..., start:start + block_size, :] = whole_matrix(q, k, v, False, block_size)[..., start:start + block_size, :] \
-            if not causal else _causal_rows(q, k, v, start, block_size)
+        out[..., start : start + block_size, :] = (
+            whole_matrix(q, k, v, False, block_size)[..., start : start + block_size, :]
+            if not causal
+            else _causal_rows(q, k, v, start, block_size)
+        )
     return out
 
 
 def _causal_rows(q, k, v, start, block_size):
-    rows = q[..., start:start + block_size, :]
+    rows = q[..., start : start + block_size, :]
     scores = rows @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
     query_pos = torch.arange(start, start + rows.shape[-2])[:, None]
     scores = scores.masked_fill(torch.arange(k.shape[-2])[None, :] > query_pos, float("-inf"))
@@ -293,12 +298,15 @@ def test_sdpa_in_place_of_tiling_fails():
 @pytest.mark.parametrize("shortcut, shape", [(whole_matrix, "1024, 1024]"), (strip_of_scores, "64, 1024]")])
 def test_large_score_tensors_fail(shortcut, shape):
     verdict = week04.grade_tiled(shortcut)
-    assert not verdict.ok and "built a tensor of shape" in verdict.line and f"{shape} (aten::" in verdict.line, verdict.line
+    assert not verdict.ok and "built a tensor of shape" in verdict.line and f"{shape} (aten::" in verdict.line, (
+        verdict.line
+    )
 
 
 def test_mask_that_hides_the_diagonal_names_the_nan():
-    verdict = week04.grade_tiled(lambda q, k, v, causal, block: tiled(q, k, v, causal, block,
-                                                                      mask=lambda key, query: key >= query))
+    verdict = week04.grade_tiled(
+        lambda q, k, v, causal, block: tiled(q, k, v, causal, block, mask=lambda key, query: key >= query)
+    )
     assert not verdict.ok and "the output contains NaN" in verdict.line and "relative error nan" not in verdict.line
 
 
@@ -312,13 +320,17 @@ def test_library_merge_fails():
 # ---------------------------------------------------------------- every check: one line, the same every run
 
 
-@pytest.mark.parametrize("grade, wrong", [
-    (week01.grade_ttft_tpot, lambda send, times: ((times[0] - send) * 1e3, (times[-1] - send) / len(times) * 1e3)),
-    (week01.grade_intensity, lambda m, k, n, b: m * k * n / (b * (m * k + k * n + m * n))),
-    (week03.grade_latencies, lambda record: latencies(record)[:2] + (latencies(record)[2] / 1e3,)),
-    (week04.grade_merge, lambda a, b: SoftmaxState(torch.maximum(a.max, b.max), a.sum + b.sum, a.acc + b.acc)),
-    (week04.grade_score_bytes, lambda batch, heads, n, width: batch * heads * n * width),
-], ids=["ttft_tpot", "intensity", "latencies", "merge", "score_bytes"])
+@pytest.mark.parametrize(
+    "grade, wrong",
+    [
+        (week01.grade_ttft_tpot, lambda send, times: ((times[0] - send) * 1e3, (times[-1] - send) / len(times) * 1e3)),
+        (week01.grade_intensity, lambda m, k, n, b: m * k * n / (b * (m * k + k * n + m * n))),
+        (week03.grade_latencies, lambda record: latencies(record)[:2] + (latencies(record)[2] / 1e3,)),
+        (week04.grade_merge, lambda a, b: SoftmaxState(torch.maximum(a.max, b.max), a.sum + b.sum, a.acc + b.acc)),
+        (week04.grade_score_bytes, lambda batch, heads, n, width: batch * heads * n * width),
+    ],
+    ids=["ttft_tpot", "intensity", "latencies", "merge", "score_bytes"],
+)
 def test_a_wrong_function_fails_with_the_same_line_twice(grade, wrong):
     first, second = grade(wrong), grade(wrong)
     assert not first.ok and first.line == second.line
@@ -347,7 +359,10 @@ def test_a_wrapper_around_the_library_function_fails():
     from infer.experiments.prefill_decode import ttft_and_tpot_ms
 
     verdict = week01.grade_ttft_tpot(lambda send, times: ttft_and_tpot_ms(send, times))
-    assert not verdict.ok and "calls the course library's own infer.experiments.prefill_decode.ttft_and_tpot_ms" in verdict.line
+    assert (
+        not verdict.ok
+        and "calls the course library's own infer.experiments.prefill_decode.ttft_and_tpot_ms" in verdict.line
+    )
 
 
 def test_an_honest_function_that_uses_other_library_helpers_passes():

@@ -10,8 +10,17 @@ import pytest
 import torch
 
 from infer.course import checks
-from infer.course.checks import (Case, OpWatch, close_to, grade_answer, grade_function, key_interval, library_origin,
-                                 sealed_key, same_tokens)
+from infer.course.checks import (
+    Case,
+    OpWatch,
+    close_to,
+    grade_answer,
+    grade_function,
+    key_interval,
+    library_origin,
+    same_tokens,
+    sealed_key,
+)
 
 SECTION = 'the week 99 lecture, section 1 ("Numbers")'
 MS_KEY = sealed_key("99.q1", {"kind": "number", "unit": "ms", "tolerance": 0.01, "section": SECTION}, 0.64)
@@ -20,25 +29,40 @@ CHOICE_KEY = sealed_key("99.q3", {"kind": "choice", "options": ["prefill", "deco
 COUNT_KEY = sealed_key("99.q4", {"kind": "number", "unit": "tokens", "tolerance": "exact"}, 6225)
 
 
-@pytest.mark.parametrize("answer", [0.64, 0.6412, 0.6336, 0.6464, np.float64(0.64), np.float32(0.64),
-                                    torch.tensor(0.64), torch.tensor(0.64, dtype=torch.float32), np.array(0.64)])
+@pytest.mark.parametrize(
+    "answer",
+    [
+        0.64,
+        0.6412,
+        0.6336,
+        0.6464,
+        np.float64(0.64),
+        np.float32(0.64),
+        torch.tensor(0.64),
+        torch.tensor(0.64, dtype=torch.float32),
+        np.array(0.64),
+    ],
+)
 def test_right_numbers_pass(answer):
     verdict = grade_answer("99.q1", answer, MS_KEY)
     assert verdict.ok and verdict.line == "✅ 99.q1 correct"
 
 
-@pytest.mark.parametrize("answer, hint", [
-    (0.00064, "(seconds?)"),
-    (640.0, "(microseconds?)"),
-    (0.7, "0.7 ms is not within 1% of the expected value; see the week 99 lecture, section 1"),
-    (None, "no answer yet"),
-    ("0.64", "got the string '0.64'"),
-    (True, "got the bool True"),
-    ([0.64], "expected one number in ms, got a list of 1 item"),
-    ({"ttft": 0.64}, "got a dict"),
-    (torch.tensor([0.64, 0.5]), "got a Tensor of shape (2,)"),
-    (float("nan"), "finite"),
-])
+@pytest.mark.parametrize(
+    "answer, hint",
+    [
+        (0.00064, "(seconds?)"),
+        (640.0, "(microseconds?)"),
+        (0.7, "0.7 ms is not within 1% of the expected value; see the week 99 lecture, section 1"),
+        (None, "no answer yet"),
+        ("0.64", "got the string '0.64'"),
+        (True, "got the bool True"),
+        ([0.64], "expected one number in ms, got a list of 1 item"),
+        ({"ttft": 0.64}, "got a dict"),
+        (torch.tensor([0.64, 0.5]), "got a Tensor of shape (2,)"),
+        (float("nan"), "finite"),
+    ],
+)
 def test_wrong_numbers_fail_with_their_own_message(answer, hint):
     verdict = grade_answer("99.q1", answer, MS_KEY)
     assert not verdict.ok and verdict.line.startswith("❌ 99.q1: ")
@@ -68,7 +92,8 @@ def test_bytes_instead_of_gigabytes_is_named():
 def test_choices():
     assert grade_answer("99.q3", " Prefill ", CHOICE_KEY).ok
     assert grade_answer("99.q3", "decode", CHOICE_KEY).line == (
-        "❌ 99.q3: 'decode' is not the right choice; see the week 99 lecture, section 1 (\"Numbers\")")
+        "❌ 99.q3: 'decode' is not the right choice; see the week 99 lecture, section 1 (\"Numbers\")"
+    )
     assert "expected one of 'prefill', 'decode'" in grade_answer("99.q3", "prefil", CHOICE_KEY).line
     assert "as a string" in grade_answer("99.q3", 1, CHOICE_KEY).line
 
@@ -118,7 +143,10 @@ def test_function_check_reports_stub_and_exceptions_in_one_line():
     def stub(x):
         raise NotImplementedError("write the loop")
 
-    assert grade_function("99.f", stub, _double, _cases(), close_to(), "").line == "❌ 99.f: not implemented yet (write the loop)"
+    assert (
+        grade_function("99.f", stub, _double, _cases(), close_to(), "").line
+        == "❌ 99.f: not implemented yet (write the loop)"
+    )
     line = grade_function("99.f", lambda x: x / 0, _double, _cases(), close_to(), "").line
     assert line == "❌ 99.f: on x = 1.0, raised ZeroDivisionError: float division by zero"
     assert "expected a function" in grade_function("99.f", None, _double, _cases(), close_to(), "").line
@@ -131,14 +159,17 @@ def test_float32_results_pass_and_near_misses_show_distinct_digits():
     assert problem == "the value: got 0.99871, expected 0.9987"
 
 
-@pytest.mark.parametrize("got, message", [
-    ([0.25, 20.0], None),
-    (None, "expected a tuple of 2 numbers, got a NoneType"),
-    ({"ttft": 0.25}, "expected a tuple of 2 numbers, got a dict"),
-    ("0.25, 20", "expected a tuple of 2 numbers, got the string"),
-    ((0.25,), "expected a tuple of 2 numbers, got a tuple of 1 item"),
-    ((0.25, None), "value 1: expected a number in ms, got None"),
-])
+@pytest.mark.parametrize(
+    "got, message",
+    [
+        ([0.25, 20.0], None),
+        (None, "expected a tuple of 2 numbers, got a NoneType"),
+        ({"ttft": 0.25}, "expected a tuple of 2 numbers, got a dict"),
+        ("0.25, 20", "expected a tuple of 2 numbers, got the string"),
+        ((0.25,), "expected a tuple of 2 numbers, got a tuple of 1 item"),
+        ((0.25, None), "value 1: expected a number in ms, got None"),
+    ],
+)
 def test_tuple_answers(got, message):
     problem = close_to(unit="ms")(got, (0.25, 20.0))
     assert problem == message if message is None else message in problem
@@ -165,8 +196,10 @@ def test_the_library_own_function_is_refused():
     assert library_origin(_double) is None and library_origin(lambda x: x) is None
     assert library_origin(math.sqrt) is None, "only the course library counts, not Python's or torch's"
     verdict = grade_function("99.f", request_latencies_ms, request_latencies_ms, [], close_to(), "")
-    assert verdict.line == ("❌ 99.f: this is the course library's own infer.metrics.request_latencies_ms, imported "
-                            "rather than written: the lab asks you to write it yourself")
+    assert verdict.line == (
+        "❌ 99.f: this is the course library's own infer.metrics.request_latencies_ms, imported "
+        "rather than written: the lab asks you to write it yourself"
+    )
 
 
 def test_op_watch_sees_ops_and_sizes():

@@ -1,14 +1,18 @@
 """Week 06's experiment helpers: workloads as exact token counts, runs that yield both records and
 step traces, the stall summary, and the best-budget pick (none when nothing meets the SLOs)."""
 
-import math
-
 import pytest
 
-from infer.workloads import mixed_workload
-from infer.experiments.chunked_prefill import (best_budget, serve, stall_summary, stall_workload, summarize_run,
-                                   time_step_kinds)
+from infer.experiments.chunked_prefill import (
+    best_budget,
+    serve,
+    stall_summary,
+    stall_workload,
+    summarize_run,
+    time_step_kinds,
+)
 from infer.model import Transformer
+from infer.workloads import mixed_workload
 
 
 @pytest.fixture(scope="module")

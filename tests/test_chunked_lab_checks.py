@@ -15,7 +15,7 @@ def right(running_needs, running_prefilling, waiting, free_slots, budget):
                 counts[i] = min(need, budget)
                 budget -= counts[i]
     new = []
-    for need in waiting[:max(free_slots, 0)]:
+    for need in waiting[: max(free_slots, 0)]:
         if budget == 0:
             break
         new.append(min(need, budget))
@@ -67,12 +67,15 @@ def test_the_right_decision_passes():
     assert verdict.ok, verdict.line
 
 
-@pytest.mark.parametrize("wrong, named", [
-    (prefill_first, "was left waiting whole: chunked prefill splits it"),
-    (waiting_first, "the running sequences come first"),
-    (running_in_queue_order, "the decodes come first, then the prompt chunks"),
-    (over_budget, "more than the budget"),
-])
+@pytest.mark.parametrize(
+    "wrong, named",
+    [
+        (prefill_first, "was left waiting whole: chunked prefill splits it"),
+        (waiting_first, "the running sequences come first"),
+        (running_in_queue_order, "the decodes come first, then the prompt chunks"),
+        (over_budget, "more than the budget"),
+    ],
+)
 def test_each_shortcut_fails_with_its_name(wrong, named):
     verdict = grade_chunked_decision(wrong)
     assert not verdict.ok and named in verdict.reason, verdict.line
@@ -83,26 +86,33 @@ def test_the_librarys_own_decision_is_refused():
 
 
 def goodput(record, slo_ms):
-    good = sum(t <= slo_ms.get("ttft", float("inf")) and p <= slo_ms.get("tpot", float("inf"))
-               for t, p in zip(record["ttft_ms"], record["tpot_ms"]))
+    good = sum(
+        t <= slo_ms.get("ttft", float("inf")) and p <= slo_ms.get("tpot", float("inf"))
+        for t, p in zip(record["ttft_ms"], record["tpot_ms"])
+    )
     return good / record["duration_s"]
 
 
 def test_the_goodput_best_budget_passes():
     def pick(records, slo_ms):
         return max(records, key=lambda r: (goodput(r, slo_ms), -r["max_num_batched_tokens"]))["max_num_batched_tokens"]
+
     assert grade_best_budget(pick).ok
 
 
 def test_the_throughput_best_budget_is_named():
     def pick(records, slo_ms):
         return max(records, key=lambda r: len(r["ttft_ms"]) / r["duration_s"])["max_num_batched_tokens"]
+
     assert "that is the throughput-best budget" in grade_best_budget(pick).reason
 
 
 def test_a_ttft_only_pick_fails():
     def pick(records, slo_ms):
-        return max(records, key=lambda r: (goodput(r, {"ttft": slo_ms["ttft"]}), -r["max_num_batched_tokens"]))["max_num_batched_tokens"]
+        return max(records, key=lambda r: (goodput(r, {"ttft": slo_ms["ttft"]}), -r["max_num_batched_tokens"]))[
+            "max_num_batched_tokens"
+        ]
+
     assert not grade_best_budget(pick).ok
 
 

@@ -30,8 +30,13 @@ def random_requests(rng: random.Random, count: int) -> list[tuple[list[int], int
 def test_every_request_gets_its_single_request_greedy_tokens(model, policy, seed):
     rng = random.Random(seed)
     requests = random_requests(rng, 10)
-    engine = Engine(model, policy=policy, max_num_seqs=rng.choice([1, 3, 4, 8]),
-                    max_num_batched_tokens=rng.choice([48, 64, 200]), max_model_len=MAX_MODEL_LEN)
+    engine = Engine(
+        model,
+        policy=policy,
+        max_num_seqs=rng.choice([1, 3, 4, 8]),
+        max_num_batched_tokens=rng.choice([48, 64, 200]),
+        max_model_len=MAX_MODEL_LEN,
+    )
     order = list(range(len(requests)))
     rng.shuffle(order)
     got = {i: [] for i in order}
@@ -77,8 +82,9 @@ def test_one_forward_per_step(model):
 def batches_of_a_short_a_long_and_a_late_request(model, policy: str) -> list[tuple[str, ...]]:
     """Two slots; "short" (2 tokens) and "long" (6) arrive first, "late" (2) waits for a slot.
     Returns each step's batch, as request ids."""
-    engine = Engine(model, policy=policy, max_num_seqs=2, max_num_batched_tokens=64,
-                    max_model_len=MAX_MODEL_LEN, log_steps=True)
+    engine = Engine(
+        model, policy=policy, max_num_seqs=2, max_num_batched_tokens=64, max_model_len=MAX_MODEL_LEN, log_steps=True
+    )
     engine.add_request([1, 2], greedy(2), request_id="short")
     engine.add_request([3, 4], greedy(6), request_id="long")
     engine.add_request([5, 6], greedy(2), request_id="late")
@@ -106,9 +112,15 @@ def test_seeded_sampling_does_not_depend_on_batch_mates(model):
     mates = SamplingParams(max_tokens=9, temperature=1.0, seed=99, ignore_eos=True)
     results = crowd.generate([[7, 8], [10, 20, 30], [1] * 40, [5]], [mates, params, mates, greedy(3)], progress=False)
     assert results[1].token_ids == alone_tokens
-    other_seed = Engine(model, max_num_seqs=4, max_model_len=MAX_MODEL_LEN).generate(
-        [[10, 20, 30]], SamplingParams(max_tokens=12, temperature=0.8, top_p=0.9, top_k=50, seed=4321, ignore_eos=True),
-        progress=False)[0].token_ids
+    other_seed = (
+        Engine(model, max_num_seqs=4, max_model_len=MAX_MODEL_LEN)
+        .generate(
+            [[10, 20, 30]],
+            SamplingParams(max_tokens=12, temperature=0.8, top_p=0.9, top_k=50, seed=4321, ignore_eos=True),
+            progress=False,
+        )[0]
+        .token_ids
+    )
     assert other_seed != alone_tokens  # the seed matters: 12 draws from a wide distribution
 
 
@@ -116,10 +128,11 @@ def test_stop_tokens_and_eos_end_a_request(model):
     engine = Engine(model, max_model_len=MAX_MODEL_LEN)
     free_run = engine.generate([[1, 2, 3]], greedy(8), progress=False)[0].token_ids
     stop_at = free_run[3]
-    stopped = engine.generate([[1, 2, 3]], SamplingParams(max_tokens=8, temperature=0, stop_token_ids=(stop_at,)),
-                              progress=False)[0]
+    stopped = engine.generate(
+        [[1, 2, 3]], SamplingParams(max_tokens=8, temperature=0, stop_token_ids=(stop_at,)), progress=False
+    )[0]
     assert stopped.finish_reason == "stop"
-    assert stopped.token_ids == free_run[:free_run.index(stop_at) + 1]
+    assert stopped.token_ids == free_run[: free_run.index(stop_at) + 1]
 
 
 BAD_REQUESTS = [
@@ -127,7 +140,12 @@ BAD_REQUESTS = [
     ([1, 2, 5000], greedy(4), "token id 5000 is out of vocabulary"),
     ([1, -1], greedy(4), "token id -1 is out of vocabulary"),
     ([1, 2.5], greedy(4), "token ids must be integers, got 2.5 (float)"),
-    ([1] * 100, greedy(100), "maximum context length is 160 tokens. However, you requested 200 tokens (100 in the prompt, 100 for the completion)"),
+    (
+        [1] * 100,
+        greedy(100),
+        "maximum context length is 160 tokens. However, you requested 200 tokens "
+        "(100 in the prompt, 100 for the completion)",
+    ),
     ([1, 2], SamplingParams(max_tokens=0), "max_tokens must be at least 1, got 0"),
     ([1, 2], SamplingParams(max_tokens=-3), "max_tokens must be at least 1, got -3"),
     ([1, 2], SamplingParams(temperature=-0.5), "temperature must be non-negative, got -0.5"),
@@ -223,11 +241,13 @@ def test_a_store_that_runs_out_preempts_and_every_request_keeps_its_greedy_token
     requests = random_requests(rng, 8)
     longest = max(len(prompt) + max_tokens for prompt, max_tokens in requests)
     store = TokenBudgetStore(model, 6, MAX_MODEL_LEN, token_budget=longest + 20)  # room for about two at a time
-    engine = Engine(model, policy=policy, max_num_seqs=6, max_num_batched_tokens=200, max_model_len=MAX_MODEL_LEN,
-                    kv_store=store)
+    engine = Engine(
+        model, policy=policy, max_num_seqs=6, max_num_batched_tokens=200, max_model_len=MAX_MODEL_LEN, kv_store=store
+    )
     results = engine.generate([prompt for prompt, _ in requests], [greedy(n) for _, n in requests], progress=False)
     assert engine.num_preemptions > 0, "the budget was meant to force preemptions: the test no longer tests them"
     for (prompt, max_tokens), result in zip(requests, results):
-        assert result.token_ids == single_request_greedy(model, prompt, max_tokens), \
+        assert result.token_ids == single_request_greedy(model, prompt, max_tokens), (
             f"request {result.request_id} ({policy}) lost its greedy tokens across a preemption"
+        )
     assert store.num_free == 6 and not store.held, "every slot and token comes back"

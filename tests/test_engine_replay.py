@@ -1,15 +1,10 @@
 """Replay: arrival schedules like `vllm bench serve`'s, and records that week 03's metrics accept."""
 
-import math
-
-import numpy as np
-import pytest
-
 from infer.engine import Engine, SamplingParams
 from infer.engine.replay import replay
-from infer.workloads import arrival_offsets
 from infer.metrics import calculate_metrics
 from infer.model import Transformer
+from infer.workloads import arrival_offsets
 
 
 def test_replay_records_feed_week_03_metrics(tiny):

@@ -1,7 +1,7 @@
 """The model-free trace runner counts what the lecture and lab count by hand."""
 
-from infer.experiments.engine_bench import make_workload
 from infer.engine.simulator import TraceRequest, run_trace
+from infer.experiments.engine_bench import make_workload
 
 
 def test_static_batching_steps_and_idle_slot_steps_follow_the_formula():
@@ -16,8 +16,7 @@ def test_continuous_batching_fills_a_freed_slot_at_the_next_step():
     trace = [TraceRequest(0, 8, 2), TraceRequest(0, 8, 6), TraceRequest(0, 8, 3)]
     run = run_trace(trace, "continuous", max_num_seqs=2, max_num_batched_tokens=64)
     # step 0 prefills 0 and 1; step 1 decodes both and request 0 ends; step 2 prefills request 2 alone
-    assert run.batches()[:4] == [("prefill", (0, 1)), ("decode", (0, 1)),
-                                                              ("prefill", (2,)), ("decode", (1, 2))]
+    assert run.batches()[:4] == [("prefill", (0, 1)), ("decode", (0, 1)), ("prefill", (2,)), ("decode", (1, 2))]
     assert run.first_token_step == [0, 0, 2] and run.finish_step[0] == 1
     grid = run.occupancy()
     assert grid[0][2] == 2  # request 2 took slot 0, freed by request 0
@@ -34,6 +33,8 @@ def test_benchmark_workloads_are_the_issues():
         vocab_size, bos_token_id, eos_token_id, pad_token_id = 1024, 256, 257, 258
 
     uniform, mixed = make_workload("uniform", Config), make_workload("mixed", Config)
-    assert len(uniform.prompts) == 64 and {len(p) for p in uniform.prompts} == {256} and set(uniform.output_lens) == {64}
+    assert (
+        len(uniform.prompts) == 64 and {len(p) for p in uniform.prompts} == {256} and set(uniform.output_lens) == {64}
+    )
     assert all(32 <= len(p) <= 512 for p in mixed.prompts) and all(16 <= n <= 128 for n in mixed.output_lens)
     assert make_workload("mixed", Config).prompts == mixed.prompts  # seeded

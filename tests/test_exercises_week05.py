@@ -39,8 +39,13 @@ def flat_step(model, cache, work, all_rows=False):
         slots += [item.seq.slot] * item.num_tokens
         if item.samples:
             rows.append(len(tokens) - 1)
-    logits = model(torch.tensor(tokens), torch.tensor(positions), cache, torch.tensor(slots),
-                   logits_rows=None if all_rows else torch.tensor(rows, dtype=torch.long))
+    logits = model(
+        torch.tensor(tokens),
+        torch.tensor(positions),
+        cache,
+        torch.tensor(slots),
+        logits_rows=None if all_rows else torch.tensor(rows, dtype=torch.long),
+    )
     return (logits[rows] if all_rows else logits).argmax(-1).tolist()
 
 
@@ -48,8 +53,13 @@ def per_sequence_step(model, cache, work):
     out = []
     for item in work:
         stop = item.start + item.num_tokens
-        logits = model(torch.tensor(item.seq.token_ids(item.start, stop)), torch.arange(item.start, stop), cache,
-                       torch.full((item.num_tokens,), item.seq.slot), logits_rows=torch.tensor([item.num_tokens - 1]))
+        logits = model(
+            torch.tensor(item.seq.token_ids(item.start, stop)),
+            torch.arange(item.start, stop),
+            cache,
+            torch.full((item.num_tokens,), item.seq.slot),
+            logits_rows=torch.tensor([item.num_tokens - 1]),
+        )
         if item.samples:
             out.append(int(logits.argmax()))
     return out

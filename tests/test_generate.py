@@ -4,7 +4,6 @@ import matplotlib
 import pytest
 import torch
 
-
 from infer import hf
 from infer.experiments import cache_speed
 from infer.generate import cached_greedy_generate
@@ -26,13 +25,16 @@ def test_cached_generation_is_token_identical_to_generate_on_20_random_prompts(m
     for seed, length in enumerate(lengths):
         prompt = random_prompt_ids(hf_model.config, length, seed=100 + seed)
         expected = hf.greedy_generate(hf_model, prompt, NEW_TOKENS)
-        for label, cache in (("preallocated", KVCache.for_model(ours, 1, length + NEW_TOKENS)),
-                             ("growing", ConcatKVCache.for_model(ours))):
+        for label, cache in (
+            ("preallocated", KVCache.for_model(ours, 1, length + NEW_TOKENS)),
+            ("growing", ConcatKVCache.for_model(ours)),
+        ):
             got = cached_greedy_generate(ours, prompt, NEW_TOKENS, cache)
             assert got.shape == (1, NEW_TOKENS), f"expected [1, {NEW_TOKENS}] new tokens, got {tuple(got.shape)}"
             assert torch.equal(got, expected), (
                 f"{label} cache, {length}-token prompt (seed {100 + seed}): {got.tolist()} vs generate() "
-                f"{expected.tolist()}; after the prefill each step must feed the LAST token at position n + i - 1")
+                f"{expected.tolist()}; after the prefill each step must feed the LAST token at position n + i - 1"
+            )
 
 
 def test_reference_always_returns_the_asked_number_of_tokens(models):

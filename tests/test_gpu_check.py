@@ -16,8 +16,13 @@ from tests.notebook_files import REPO_ROOT
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without CUDA")
 def test_gpu_check_without_cuda_says_so_in_one_line_and_fails(tmp_path):
-    done = subprocess.run([sys.executable, "-m", "infer.course.gpu_check", "--out", str(tmp_path / "out")],
-                          cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [sys.executable, "-m", "infer.course.gpu_check", "--out", str(tmp_path / "out")],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 2
     assert done.stdout.count("\n") == 1 and "needs a CUDA GPU" in done.stdout, done.stdout
     assert not (tmp_path / "out").exists(), "nothing runs, so nothing is written"
@@ -41,8 +46,13 @@ def _notebook(tmp_path, *sources, name="probe"):
 
 
 def test_a_failing_notebook_is_reported_and_kept(tmp_path):
-    path = _notebook(tmp_path, "import os; print('profile:', os.environ['INFER_PROFILE'])",
-                     "print('Skipped: the allocator check needs a CUDA GPU')", "1 / 0", "print('never')")
+    path = _notebook(
+        tmp_path,
+        "import os; print('profile:', os.environ['INFER_PROFILE'])",
+        "print('Skipped: the allocator check needs a CUDA GPU')",
+        "1 / 0",
+        "print('never')",
+    )
     run = run_notebook(path, "gpu-dryrun", tmp_path / "out")
     assert run.error == "ZeroDivisionError: division by zero"
     assert run.executed.exists(), "the half-run copy is kept for reading"
@@ -54,15 +64,22 @@ def test_a_failing_notebook_is_reported_and_kept(tmp_path):
 def test_a_failed_check_line_fails_the_notebook(tmp_path):
     """Lab 02's check caught the device error of a CPU prompt and printed it as a ❌ line, and the
     notebook counted as run (issue 22, item 5): a check that fails on the stand-in fails the run."""
-    run = run_notebook(_notebook(tmp_path, "print('❌ 02.lab.cached_loop: raised RuntimeError: devices')"), "gpu-dryrun",
-                       tmp_path / "out")
+    run = run_notebook(
+        _notebook(tmp_path, "print('❌ 02.lab.cached_loop: raised RuntimeError: devices')"),
+        "gpu-dryrun",
+        tmp_path / "out",
+    )
     assert run.error == "a check failed: ❌ 02.lab.cached_loop: raised RuntimeError: devices"
 
 
 def test_a_cell_past_its_limit_or_a_dead_kernel_fails_that_notebook_only(tmp_path):
     """nbclient raises these instead of CellExecutionError; before issue 22 they ended make gpu-check."""
-    slow = run_notebook(_notebook(tmp_path, "import time; time.sleep(60)", name="slow"), "gpu-dryrun",
-                        tmp_path / "out", cell_timeout_s=3)
+    slow = run_notebook(
+        _notebook(tmp_path, "import time; time.sleep(60)", name="slow"),
+        "gpu-dryrun",
+        tmp_path / "out",
+        cell_timeout_s=3,
+    )
     assert slow.error and slow.error.startswith("CellTimeoutError") and "3 seconds" in slow.error, slow.error
     dead = run_notebook(_notebook(tmp_path, "import os; os._exit(1)", name="dead"), "gpu-dryrun", tmp_path / "out")
     assert dead.error and dead.error.startswith("DeadKernelError"), dead.error

@@ -26,10 +26,14 @@ PROMISES = {"02_kv_cache.ipynb": re.compile(r"max \|logit difference\| .*: (?P<s
 @pytest.mark.parametrize("notebook", NOTEBOOKS, ids=[f"{p.parent.name}/{p.name}" for p in NOTEBOOKS])
 def test_notebook_runs_on_the_gpu_stand_in(notebook, tmp_path):
     run = run_notebook(notebook, "gpu-dryrun", tmp_path, strict_devices=True)
-    assert run.error is None, f"{run.notebook} fails on the gpu profile's stand-in: {run.error} (executed copy: {run.executed})"
+    assert run.error is None, (
+        f"{run.notebook} fails on the gpu profile's stand-in: {run.error} (executed copy: {run.executed})"
+    )
     if "pick_profile" in notebook.read_text():
         assert "gpu-dryrun" in run.output_text, (
-            f"{run.notebook} ran, but none of its outputs names the gpu-dryrun profile: did the kernel get $INFER_PROFILE?")
+            f"{run.notebook} ran, but none of its outputs names the gpu-dryrun profile: "
+            f"did the kernel get $INFER_PROFILE?"
+        )
     promise = PROMISES.get(notebook.name) if notebook.parent.name == "weeks" else None
     if promise:
         kept = promise.search(run.output_text)

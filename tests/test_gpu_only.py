@@ -18,11 +18,13 @@ from infer.kv_cache import KVCache
 from infer.model import Transformer
 from infer.models import load_model
 from infer.profiles import pick_profile
-from infer.provenance import VLLM_VENV
 from infer.prompts import random_prompt_ids
+from infer.provenance import VLLM_VENV
 
-pytestmark = [pytest.mark.gpu,
-              pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU: make gpu-check runs these on one")]
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU: make gpu-check runs these on one"),
+]
 
 HEAD_DIM = 128  # Qwen2.5-1.5B's head size, the gpu profile's model
 
@@ -44,8 +46,9 @@ def test_course_model_matches_transformers_in_bf16_on_cuda(gpu_model):
     prompt = random_prompt_ids(gpu_model.config, 256, seed=0).to(gpu_model.device)
     with torch.no_grad():
         theirs = gpu_model.model(prompt).logits[0].float()
-        ours = model(prompt[0], torch.arange(256, device=gpu_model.device),
-                     KVCache.for_model(model, max_seqs=1, max_len=256)).float()
+        ours = model(
+            prompt[0], torch.arange(256, device=gpu_model.device), KVCache.for_model(model, max_seqs=1, max_len=256)
+        ).float()
     # bf16 keeps 8 bits of mantissa and the two sum in different orders through 28 layers: compare
     # the whole logit matrix relatively (random weights leave the greedy choices too close to compare).
     relative = ((ours - theirs).norm() / theirs.norm()).item()
@@ -89,13 +92,16 @@ def test_naive_attention_peak_memory_is_its_score_matrices():
     naive = peak_bytes(lambda: IMPLEMENTATIONS["naive"](q, k, v, causal=True), "cuda")
     flash = peak_bytes(lambda: IMPLEMENTATIONS["sdpa-flash"](q, k, v, causal=True), "cuda")
     predicted = predicted_naive_bytes(config, 4096)
-    assert naive >= 0.9 * predicted, f"naive attention peaked at {naive:,} bytes; its S, P and mask alone are {predicted:,}"
+    assert naive >= 0.9 * predicted, (
+        f"naive attention peaked at {naive:,} bytes; its S, P and mask alone are {predicted:,}"
+    )
     assert flash < naive / 10, f"the flash kernel ({flash:,} bytes) should not hold an N x N matrix (naive: {naive:,})"
 
 
 def test_the_naive_loop_check_rejects_timestamps_taken_without_synchronizing(gpu_model):
     """Lab 01: on a GPU, a timestamp taken while the token is still being computed measures the
     queueing of kernels, not the token (issue 22, item 3)."""
+
     def unsynchronized(model, prompt_ids, max_new_tokens, timestamps=None):
         sequence = prompt_ids
         for _ in range(max_new_tokens):
@@ -103,7 +109,7 @@ def test_the_naive_loop_check_rejects_timestamps_taken_without_synchronizing(gpu
             sequence = torch.cat([sequence, next_token], dim=1)
             if timestamps is not None:
                 timestamps.append(time.perf_counter())
-        return sequence[:, prompt_ids.shape[1]:]
+        return sequence[:, prompt_ids.shape[1] :]
 
     assert grade_naive_loop(naive_greedy_generate, gpu_model.model).ok, "the library's loop synchronizes"
     verdict = grade_naive_loop(unsynchronized, gpu_model.model)

@@ -14,9 +14,25 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from infer.course.grader import (GRADED, KERNEL_DIED, NOT_A_NOTEBOOK, TIMED_OUT, UNREADABLE, GradingKeyError,
-                                 Limits, assemble, find_lab, fresh_import_source, grade_folder, load_key,
-                                 main, read_submission, run_cells, student_part, trusted_part)
+from infer.course.grader import (
+    GRADED,
+    KERNEL_DIED,
+    NOT_A_NOTEBOOK,
+    TIMED_OUT,
+    UNREADABLE,
+    GradingKeyError,
+    Limits,
+    assemble,
+    find_lab,
+    fresh_import_source,
+    grade_folder,
+    load_key,
+    main,
+    read_submission,
+    run_cells,
+    student_part,
+    trusted_part,
+)
 from infer.course.labgen import HINT, replace_solution_blocks
 
 LAB_02, SOLUTION_02 = find_lab("02")
@@ -34,7 +50,8 @@ def solved(solution_path: Path) -> nbformat.NotebookNode:
     for cell in notebook.cells:
         if cell.cell_type == "code":
             cell.source = replace_solution_blocks(
-                cell.source, lambda block, indent: [line for line in block if not line.strip().startswith(HINT)])
+                cell.source, lambda block, indent: [line for line in block if not line.strip().startswith(HINT)]
+            )
     return notebook
 
 
@@ -58,7 +75,9 @@ def check_of(cell_id: str) -> str:
 def test_trusted_part_is_what_follows_the_last_solution_block():
     mixed = '# NBVAL_CHECK_OUTPUT\n# BEGIN SOLUTION\nanswer_q1 = 3\n# END SOLUTION\ncheck_answer("02.q1", answer_q1)'
     assert trusted_part(mixed) == 'check_answer("02.q1", answer_q1)'
-    assert trusted_part("# NBVAL_CHECK_OUTPUT\ncheck_kv_bytes(kv_bytes_per_token)") == "check_kv_bytes(kv_bytes_per_token)"
+    assert (
+        trusted_part("# NBVAL_CHECK_OUTPUT\ncheck_kv_bytes(kv_bytes_per_token)") == "check_kv_bytes(kv_bytes_per_token)"
+    )
     student = '# NBVAL_CHECK_OUTPUT\nanswer_q1 = 6225\ncheck_answer("02.q1", answer_q1)'
     assert student_part(student, 'check_answer("02.q1", answer_q1)') == "answer_q1 = 6225"
 
@@ -99,8 +118,9 @@ def test_restored_notebook_never_brings_back_solution_code():
     lab = nbformat.read(LAB_02, as_version=4)
     sources = [c.source for c in graded.cells]
     assert cell(lab, "kv-cache").source in sources  # the lab's stub stands in for the deleted answer
-    solution_blocks = replace_solution_blocks(cell(nbformat.read(SOLUTION_02, as_version=4), "kv-cache").source,
-                                              lambda block, indent: block)
+    solution_blocks = replace_solution_blocks(
+        cell(nbformat.read(SOLUTION_02, as_version=4), "kv-cache").source, lambda block, indent: block
+    )
     assert solution_blocks not in sources
     assert "answer_q3 = None  # your answer" in sources  # the deleted mixed cell: the lab's stub answer
     assert matched == len(key.cells) - 2
@@ -127,11 +147,14 @@ def test_added_cells_run_where_the_student_put_them():
     assert roles[q2_check + 1] == (None, "scratch = 1")
 
 
-@pytest.mark.parametrize("content, status", [
-    ('{"cells": [', UNREADABLE),
-    ("[1, 2]", NOT_A_NOTEBOOK),
-    ('{"nbformat": 4, "nbformat_minor": 5, "metadata": {}}', NOT_A_NOTEBOOK),
-])
+@pytest.mark.parametrize(
+    "content, status",
+    [
+        ('{"cells": [', UNREADABLE),
+        ("[1, 2]", NOT_A_NOTEBOOK),
+        ('{"nbformat": 4, "nbformat_minor": 5, "metadata": {}}', NOT_A_NOTEBOOK),
+    ],
+)
 def test_unreadable_files_get_a_status_and_reason(tmp_path, content, status):
     path = tmp_path / "someone.ipynb"
     path.write_text(content)
@@ -144,6 +167,7 @@ def test_unreadable_files_get_a_status_and_reason(tmp_path, content, status):
 
 def corpus_02(folder: Path) -> None:
     """One notebook per case; every one but the case's defect is the correct solution."""
+
     def write(name: str, notebook) -> None:
         nbformat.write(notebook, folder / f"{name}.ipynb")
 
@@ -171,7 +195,9 @@ def corpus_02(folder: Path) -> None:
 
     edited = student()
     cell(edited, "concurrency").source = "def max_concurrent_sequences(*args):\n    return -1"
-    cell(edited, "check-concurrency").source = f"# NBVAL_CHECK_OUTPUT\nprint({expected_line(check_of('check-concurrency'))!r})"
+    cell(
+        edited, "check-concurrency"
+    ).source = f"# NBVAL_CHECK_OUTPUT\nprint({expected_line(check_of('check-concurrency'))!r})"
     write("edited_check", edited)
 
     no_answer = student()
@@ -183,17 +209,21 @@ def corpus_02(folder: Path) -> None:
     cell(tamper, "kv-bytes").source = "def kv_bytes_per_token(*args):\n    return 0"
     forged = {check_id: expected_line(check_id) for check_id in ("02.q2", check_of("check-kv-bytes"))}
     position = tamper.cells.index(cell(tamper, "setup"))
-    tamper.cells.insert(position + 1, nbformat.v4.new_code_cell(
-        "import infer.course.checks as checks_module\n"
-        f"FORGED = {forged!r}\n"
-        "class Verdict:\n"
-        "    def __init__(self, qid, *args):\n"
-        "        self.line = FORGED.get(qid, f'✅ {qid} correct')\n"
-        "def check_answer(qid, answer):\n"
-        "    print(FORGED[qid])\n"
-        f"def check_kv_bytes(fn):\n    print(FORGED[{check_of('check-kv-bytes')!r}])\n"
-        "checks_module.Verdict = Verdict\n"
-        "checks_module.check_answer = check_answer\n"))
+    tamper.cells.insert(
+        position + 1,
+        nbformat.v4.new_code_cell(
+            "import infer.course.checks as checks_module\n"
+            f"FORGED = {forged!r}\n"
+            "class Verdict:\n"
+            "    def __init__(self, qid, *args):\n"
+            "        self.line = FORGED.get(qid, f'✅ {qid} correct')\n"
+            "def check_answer(qid, answer):\n"
+            "    print(FORGED[qid])\n"
+            f"def check_kv_bytes(fn):\n    print(FORGED[{check_of('check-kv-bytes')!r}])\n"
+            "checks_module.Verdict = Verdict\n"
+            "checks_module.check_answer = check_answer\n"
+        ),
+    )
     write("redefined_checks", tamper)
 
     dying = student()

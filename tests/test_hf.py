@@ -42,9 +42,19 @@ def test_greedy_generate_stays_plain_greedy_whatever_the_checkpoint_asks(tiny, m
     must not leak into greedy_generate: every "token-identical to generate()" check relies on it."""
     ids = random_prompt_ids(tiny.config, 10, seed=3)
     plain = naive_greedy_generate(tiny.model, ids, 16)
-    for field, value in dict(repetition_penalty=1.5, no_repeat_ngram_size=2, min_new_tokens=20, do_sample=True,
-                             temperature=0.7, top_k=20, top_p=0.8, num_beams=2, suppress_tokens=plain[0, :3].tolist(),
-                             begin_suppress_tokens=plain[0, :1].tolist()).items():
+    for field, value in dict(
+        repetition_penalty=1.5,
+        no_repeat_ngram_size=2,
+        min_new_tokens=20,
+        do_sample=True,
+        temperature=0.7,
+        top_k=20,
+        top_p=0.8,
+        num_beams=2,
+        suppress_tokens=plain[0, :3].tolist(),
+        begin_suppress_tokens=plain[0, :1].tolist(),
+    ).items():
         monkeypatch.setattr(tiny.model.generation_config, field, value)
     assert torch.equal(hf.greedy_generate(tiny.model, ids, 16), plain), (
-        "greedy_generate picked up the model's generation_config: set the field in hf.PLAIN_GREEDY")
+        "greedy_generate picked up the model's generation_config: set the field in hf.PLAIN_GREEDY"
+    )

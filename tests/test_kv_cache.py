@@ -14,22 +14,29 @@ LAYERS, SEQS, MAX_LEN, KV_HEADS, HEAD_DIM = 2, 3, 16, 2, 4
 
 def entries(n: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
     generator = torch.Generator().manual_seed(seed)
-    return (torch.randn(KV_HEADS, n, HEAD_DIM, generator=generator),
-            torch.randn(KV_HEADS, n, HEAD_DIM, generator=generator))
+    return (
+        torch.randn(KV_HEADS, n, HEAD_DIM, generator=generator),
+        torch.randn(KV_HEADS, n, HEAD_DIM, generator=generator),
+    )
 
 
-@pytest.mark.parametrize("make", [lambda: KVCache(LAYERS, SEQS, MAX_LEN, KV_HEADS, HEAD_DIM),
-                                  lambda: ConcatKVCache(LAYERS)], ids=["preallocated", "growing"])
+@pytest.mark.parametrize(
+    "make",
+    [lambda: KVCache(LAYERS, SEQS, MAX_LEN, KV_HEADS, HEAD_DIM), lambda: ConcatKVCache(LAYERS)],
+    ids=["preallocated", "growing"],
+)
 def test_read_returns_exactly_what_was_written_per_layer_and_sequence(make):
     cache = make()
-    k0, v0 = entries(5, 0)   # sequence 0: a 5-token prompt...
-    k1, v1 = entries(1, 1)   # ...then one decode token at position 5
-    k2, v2 = entries(3, 2)   # sequence 2, layer 1 only
+    k0, v0 = entries(5, 0)  # sequence 0: a 5-token prompt...
+    k1, v1 = entries(1, 1)  # ...then one decode token at position 5
+    k2, v2 = entries(3, 2)  # sequence 2, layer 1 only
     cache.write(0, 0, 0, k0, v0)
     cache.write(0, 0, 5, k1, v1)
     cache.write(1, 2, 0, k2, v2)
     keys, values = cache.read(0, 0, 6)
-    assert keys.shape == (KV_HEADS, 6, HEAD_DIM), f"read(layer, seq, end=6) must give [kv_heads, 6, head_dim], got {tuple(keys.shape)}"
+    assert keys.shape == (KV_HEADS, 6, HEAD_DIM), (
+        f"read(layer, seq, end=6) must give [kv_heads, 6, head_dim], got {tuple(keys.shape)}"
+    )
     assert torch.equal(keys, torch.cat([k0, k1], dim=1)) and torch.equal(values, torch.cat([v0, v1], dim=1))
     assert torch.equal(cache.read(1, 2, 3)[0], k2), "layers and sequences must not share storage"
     assert torch.equal(cache.read(0, 0, 3)[1], v0[:, :3]), "read(end=3) returns positions 0..2 only"

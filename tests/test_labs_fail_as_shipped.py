@@ -20,11 +20,19 @@ def test_every_check_of_a_shipped_lab_fails_with_one_line(lab_path):
     notebook = nbformat.read(lab_path, as_version=4)
     checks = check_cell_ids(notebook)
     assert checks, f"{lab_path.name} has no check cell marked NBVAL_CHECK_OUTPUT"
-    NotebookClient(notebook, timeout=300, kernel_name="python3", allow_errors=True, shutdown_kernel="immediate",
-                   resources={"metadata": {"path": str(lab_path.parent)}}).execute()
+    NotebookClient(
+        notebook,
+        timeout=300,
+        kernel_name="python3",
+        allow_errors=True,
+        shutdown_kernel="immediate",
+        resources={"metadata": {"path": str(lab_path.parent)}},
+    ).execute()
     lines = {cell.id: printed(cell) for cell in notebook.cells if cell.id in checks}
     passing = [cell_id for cell_id, text in lines.items() if not text.startswith("❌")]
-    assert not passing, (f"{lab_path.relative_to(REPO_ROOT)}: these checks do not fail before the student did "
-                         f"anything: { {cell_id: lines[cell_id] for cell_id in passing} }")
+    assert not passing, (
+        f"{lab_path.relative_to(REPO_ROOT)}: these checks do not fail before the student did "
+        f"anything: { {cell_id: lines[cell_id] for cell_id in passing} }"
+    )
     several = [cell_id for cell_id, text in lines.items() if text.count("\n") != 1]
     assert not several, f"{lab_path.name}: these checks print more than one line: {several}"

@@ -51,8 +51,10 @@ GRAPH = import_graph()
 def test_no_module_imports_a_higher_layer(module):
     rank = LAYERS.index(layer_of(module))
     upward = sorted(m for m in GRAPH[module] if m != "infer" and LAYERS.index(layer_of(m)) > rank)
-    assert not upward, (f"{module} (layer {layer_of(module)!r}) imports {upward} from a higher layer; layers from "
-                        f"low to high are {LAYERS}: move the shared code down, or the importing code up")
+    assert not upward, (
+        f"{module} (layer {layer_of(module)!r}) imports {upward} from a higher layer; layers from "
+        f"low to high are {LAYERS}: move the shared code down, or the importing code up"
+    )
 
 
 def test_no_import_circle():
@@ -62,8 +64,10 @@ def test_no_import_circle():
         state[module] = "open"
         for target in sorted(GRAPH.get(module, ())):
             if state.get(target) == "open":
-                circle = path[path.index(target):] + [target]
-                pytest.fail(f"import circle: {' -> '.join(circle)}; break it by moving what both need into a lower module")
+                circle = path[path.index(target) :] + [target]
+                pytest.fail(
+                    f"import circle: {' -> '.join(circle)}; break it by moving what both need into a lower module"
+                )
             if target not in state:
                 visit(target, path + [target])
         state[module] = "done"

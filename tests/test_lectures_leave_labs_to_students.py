@@ -41,5 +41,6 @@ def test_no_lecture_prints_a_lab_exercise(path):
         for definition in (f"def {name}(", f"class {name}:", f"class {name}("):
             assert definition not in shown, (
                 f"{path.relative_to(REPO_ROOT)} shows `{definition}`: a lab asks students to write {name}; "
-                "explain it with math, prose and calls into the library instead")
+                "explain it with math, prose and calls into the library instead"
+            )
         assert f"getsource({name}" not in shown, f"{path.relative_to(REPO_ROOT)} prints the source of {name}"

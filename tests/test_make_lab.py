@@ -17,8 +17,13 @@ from tests.notebook_files import REPO_ROOT
 def _lab_command(**variables: str) -> str:
     """The shell line `make lab` runs to start JupyterLab (make -n prints it without running it)."""
     assignments = [f"{key}={value}" for key, value in variables.items()]
-    printed = subprocess.run(["make", "-n", "-o", ".venv/.installed", "lab", *assignments], cwd=REPO_ROOT,
-                             capture_output=True, text=True, check=True).stdout
+    printed = subprocess.run(
+        ["make", "-n", "-o", ".venv/.installed", "lab", *assignments],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     joined = printed.replace("\\\n", " ")  # the recipe continues over two lines
     return next(line for line in joined.splitlines() if "jupyter lab" in line).strip()
 
@@ -30,8 +35,9 @@ def test_lab_listens_where_asked_and_opens_no_browser():
 
 
 def test_allow_root_only_for_root():
-    flag = subprocess.run(["sh", "-c", f"echo {_lab_command().split('jupyter lab', 1)[1]}"], capture_output=True,
-                          text=True, check=True).stdout
+    flag = subprocess.run(
+        ["sh", "-c", f"echo {_lab_command().split('jupyter lab', 1)[1]}"], capture_output=True, text=True, check=True
+    ).stdout
     assert ("--allow-root" in flag) == (os.geteuid() == 0)
 
 
@@ -53,13 +59,21 @@ def _status_within(url: str, seconds: float) -> int | None:
             time.sleep(0.5)
 
 
-@pytest.mark.skipif(shutil.which("jupyter-lab", path=str(REPO_ROOT / ".venv" / "bin")) is None,
-                    reason="JupyterLab is not installed in .venv (make lab installs it)")
+@pytest.mark.skipif(
+    shutil.which("jupyter-lab", path=str(REPO_ROOT / ".venv" / "bin")) is None,
+    reason="JupyterLab is not installed in .venv (make lab installs it)",
+)
 def test_lab_starts_and_prints_a_url_with_its_token(tmp_path):
     port = _free_port()
     env = os.environ | {"JUPYTER_RUNTIME_DIR": str(tmp_path), "JUPYTER_CONFIG_DIR": str(tmp_path)}
-    lab = subprocess.Popen(["sh", "-c", f"exec {_lab_command(LAB_IP='127.0.0.1', LAB_PORT=str(port))}"], cwd=REPO_ROOT,
-                           env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lab = subprocess.Popen(
+        ["sh", "-c", f"exec {_lab_command(LAB_IP='127.0.0.1', LAB_PORT=str(port))}"],
+        cwd=REPO_ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         url, deadline = None, time.monotonic() + 120
         while url is None and time.monotonic() < deadline and lab.poll() is None:

@@ -9,14 +9,17 @@ from infer import memory
 from infer.models import MODEL_SPECS
 
 
-@pytest.mark.parametrize("name, dtype, expected", [
-    ("qwen2.5-1.5b", torch.bfloat16, 2 * 28 * 2 * 128 * 2),  # 28,672
-    ("qwen2.5-0.5b", torch.bfloat16, 2 * 24 * 2 * 64 * 2),   # 12,288
-    ("llama-3.2-1b", torch.bfloat16, 2 * 16 * 8 * 64 * 2),   # 32,768
-    ("tiny", torch.float32, 2 * 4 * 2 * 32 * 4),              # 2,048
-    ("qwen2.5-1.5b", "fp32", 2 * 28 * 2 * 128 * 4),
-    ("qwen2.5-1.5b", "fp8", 2 * 28 * 2 * 128 * 1),
-])
+@pytest.mark.parametrize(
+    "name, dtype, expected",
+    [
+        ("qwen2.5-1.5b", torch.bfloat16, 2 * 28 * 2 * 128 * 2),  # 28,672
+        ("qwen2.5-0.5b", torch.bfloat16, 2 * 24 * 2 * 64 * 2),  # 12,288
+        ("llama-3.2-1b", torch.bfloat16, 2 * 16 * 8 * 64 * 2),  # 32,768
+        ("tiny", torch.float32, 2 * 4 * 2 * 32 * 4),  # 2,048
+        ("qwen2.5-1.5b", "fp32", 2 * 28 * 2 * 128 * 4),
+        ("qwen2.5-1.5b", "fp8", 2 * 28 * 2 * 128 * 1),
+    ],
+)
 def test_kv_bytes_per_token_by_hand(name, dtype, expected):
     got = memory.kv_bytes_per_token(MODEL_SPECS[name].config(), dtype)
     assert got == expected, f"{name} {dtype}: expected 2 x layers x KV heads x head dim x bytes = {expected}, got {got}"

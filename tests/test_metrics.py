@@ -24,15 +24,28 @@ from infer.records import RequestRecord
 STREAMED = RequestRecord(prompt_len=10, send_time=0.0, chunk_times=[0.100, 0.150, 0.200, 0.300])
 ONE_TOKEN = RequestRecord(prompt_len=20, send_time=1.0, chunk_times=[1.250])
 FAILED = RequestRecord(prompt_len=30, send_time=0.5, error="HTTP 500", end_time=2.0)
-MULTI_TOKEN_CHUNKS = RequestRecord(prompt_len=40, send_time=0.0, chunk_times=[0.200, 0.300, 0.500], chunk_tokens=[1, 3, 2])
+MULTI_TOKEN_CHUNKS = RequestRecord(
+    prompt_len=40, send_time=0.0, chunk_times=[0.200, 0.300, 0.500], chunk_tokens=[1, 3, 2]
+)
 RUN = [STREAMED, ONE_TOKEN, FAILED, MULTI_TOKEN_CHUNKS]
 
 # vLLM's `--save-result` keys for a generation benchmark (vllm/benchmarks/serve.py), with
 # --percentile-metrics ttft,tpot,itl,e2el --metric-percentiles 50,90,95,99 --goodput ...
-VLLM_KEYS = {"duration", "completed", "failed", "total_input_tokens", "total_output_tokens", "request_throughput",
-             "request_goodput", "output_throughput", "total_token_throughput"} | {
-    f"{stat}_{metric}_ms" for metric in ("ttft", "tpot", "itl", "e2el")
-    for stat in ("mean", "median", "std", "p50", "p90", "p95", "p99")}
+VLLM_KEYS = {
+    "duration",
+    "completed",
+    "failed",
+    "total_input_tokens",
+    "total_output_tokens",
+    "request_throughput",
+    "request_goodput",
+    "output_throughput",
+    "total_token_throughput",
+} | {
+    f"{stat}_{metric}_ms"
+    for metric in ("ttft", "tpot", "itl", "e2el")
+    for stat in ("mean", "median", "std", "p50", "p90", "p95", "p99")
+}
 
 
 def test_latencies_of_a_streamed_request():
@@ -65,7 +78,9 @@ def test_reported_output_tokens_win_over_chunk_count():
 
 def test_run_metrics_by_hand():
     m = calculate_metrics(RUN, percentiles=(50, 90))
-    assert m["duration"] == pytest.approx(2.0), "duration runs from the first send (0.0) to the failed request's end (2.0)"
+    assert m["duration"] == pytest.approx(2.0), (
+        "duration runs from the first send (0.0) to the failed request's end (2.0)"
+    )
     assert (m["completed"], m["failed"]) == (3, 1)
     assert m["total_input_tokens"] == 10 + 20 + 40, "a failed request's prompt is not counted"
     assert m["total_output_tokens"] == 4 + 1 + 6
@@ -88,7 +103,8 @@ def test_itl_is_pooled_over_requests_not_averaged_per_request():
     m = calculate_metrics(RUN, percentiles=(50, 90))
     gaps = [50, 50, 100, 100, 200]
     assert m["mean_itl_ms"] == pytest.approx(np.mean(gaps)), (
-        "mean ITL must pool every gap of every request (100 ms), not average the per-request means (108.3 ms)")
+        "mean ITL must pool every gap of every request (100 ms), not average the per-request means (108.3 ms)"
+    )
     assert m["p50_itl_ms"] == pytest.approx(100.0)
     assert m["p90_itl_ms"] == pytest.approx(100 + 0.6 * 100), "index 0.9 * 4 = 3.6 between 100 and 200"
 
@@ -150,24 +166,30 @@ def test_empty_input_is_an_error():
         calculate_metrics([])
 
 
-@pytest.mark.parametrize("record, match", [
-    (RequestRecord(4, 1.0, chunk_times=[0.9, 1.1]), "before the send time"),
-    (RequestRecord(4, 0.0, chunk_times=[0.2, 0.1]), "before chunk 0"),
-    (RequestRecord(4, -1.0, chunk_times=[0.2]), "send_time is negative"),
-    (RequestRecord(4, 1.0, error="x", end_time=0.5), "end_time"),
-    (RequestRecord(4, 0.0, chunk_times=[0.1, 0.2], chunk_tokens=[1]), "chunk_tokens"),
-])
+@pytest.mark.parametrize(
+    "record, match",
+    [
+        (RequestRecord(4, 1.0, chunk_times=[0.9, 1.1]), "before the send time"),
+        (RequestRecord(4, 0.0, chunk_times=[0.2, 0.1]), "before chunk 0"),
+        (RequestRecord(4, -1.0, chunk_times=[0.2]), "send_time is negative"),
+        (RequestRecord(4, 1.0, error="x", end_time=0.5), "end_time"),
+        (RequestRecord(4, 0.0, chunk_times=[0.1, 0.2], chunk_tokens=[1]), "chunk_tokens"),
+    ],
+)
 def test_impossible_times_are_errors(record, match):
     with pytest.raises(ValueError, match=match):
         calculate_metrics([STREAMED, record])
 
 
-@pytest.mark.parametrize("slo, match", [
-    ({"ttft_ms": 500}, "unknown SLO 'ttft_ms'.*write 'ttft'"),
-    ({"itl": 20}, "valid SLO keys are ttft, tpot, e2el"),
-    ({"tpot": -1}, ">= 0"),
-    ({"tpot": "20"}, "finite number"),
-])
+@pytest.mark.parametrize(
+    "slo, match",
+    [
+        ({"ttft_ms": 500}, "unknown SLO 'ttft_ms'.*write 'ttft'"),
+        ({"itl": 20}, "valid SLO keys are ttft, tpot, e2el"),
+        ({"tpot": -1}, ">= 0"),
+        ({"tpot": "20"}, "finite number"),
+    ],
+)
 def test_bad_slos_are_errors(slo, match):
     with pytest.raises(ValueError, match=match):
         calculate_metrics(RUN, slo_ms=slo)
@@ -191,9 +213,20 @@ def test_result_keys_are_vllms():
     json.dumps(m)  # plain floats and ints, no numpy scalars
 
 
-META = {"kind": "measured", "device": "cpu (2 threads)", "model": "tiny", "weights": "random", "dtype": "float32",
-        "profile": "cpu", "date": "2025-01-01", "commit": "abc1234", "python": "3.11", "torch": "2", "transformers": "5",
-        "infer": "0"}
+META = {
+    "kind": "measured",
+    "device": "cpu (2 threads)",
+    "model": "tiny",
+    "weights": "random",
+    "dtype": "float32",
+    "profile": "cpu",
+    "date": "2025-01-01",
+    "commit": "abc1234",
+    "python": "3.11",
+    "torch": "2",
+    "transformers": "5",
+    "infer": "0",
+}
 
 
 def test_results_file_has_metadata_and_runs(tmp_path, monkeypatch):

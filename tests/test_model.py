@@ -31,25 +31,58 @@ def randomized(config, seed: int = 0):
 
 def qwen2_tied_config():
     """Qwen2-style: q/k/v biases, tied embeddings, 4 query heads per KV head, rope theta 1e6."""
-    return AutoConfig.for_model("qwen2", vocab_size=512, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
-                                num_attention_heads=8, num_key_value_heads=2, tie_word_embeddings=True,
-                                rope_theta=1e6, max_position_embeddings=1024)
+    return AutoConfig.for_model(
+        "qwen2",
+        vocab_size=512,
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=2,
+        num_attention_heads=8,
+        num_key_value_heads=2,
+        tie_word_embeddings=True,
+        rope_theta=1e6,
+        max_position_embeddings=1024,
+    )
 
 
 def seven_to_one_config():
     """Qwen2.5-0.5B's head layout: 14 query heads sharing 2 KV heads (7 per KV head), head dim 16, untied."""
-    return AutoConfig.for_model("qwen2", vocab_size=512, hidden_size=14 * 16, intermediate_size=320,
-                                num_hidden_layers=2, num_attention_heads=14, num_key_value_heads=2,
-                                tie_word_embeddings=False, max_position_embeddings=1024)
+    return AutoConfig.for_model(
+        "qwen2",
+        vocab_size=512,
+        hidden_size=14 * 16,
+        intermediate_size=320,
+        num_hidden_layers=2,
+        num_attention_heads=14,
+        num_key_value_heads=2,
+        tie_word_embeddings=False,
+        max_position_embeddings=1024,
+    )
 
 
 def llama3_rope_config():
     """Llama 3.2's rope scaling (rope_type "llama3"), shrunk so that the scaled band matters within 100 positions."""
-    return AutoConfig.for_model("llama", vocab_size=512, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
-                                num_attention_heads=4, num_key_value_heads=1, head_dim=32, rope_theta=500000.0,
-                                max_position_embeddings=4096, attention_bias=True, mlp_bias=True,
-                                rope_scaling={"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0,
-                                              "high_freq_factor": 4.0, "original_max_position_embeddings": 64})
+    return AutoConfig.for_model(
+        "llama",
+        vocab_size=512,
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=1,
+        head_dim=32,
+        rope_theta=500000.0,
+        max_position_embeddings=4096,
+        attention_bias=True,
+        mlp_bias=True,
+        rope_scaling={
+            "rope_type": "llama3",
+            "factor": 32.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 64,
+        },
+    )
 
 
 CONFIGS = {
@@ -76,9 +109,15 @@ def test_logits_match_transformers(label):
         expected = reference(ids).logits[0]
     got = full_prefill_logits(ours, ids)
     assert got.shape == expected.shape, f"{label}: logits shape {tuple(got.shape)}, expected {tuple(expected.shape)}"
-    torch.testing.assert_close(got, expected, **LOGIT_TOLERANCE, msg=lambda detail: (
-        f"{label}: logits differ from transformers'. {detail}\nCheck in this order: RMSNorm "
-        f"(float32, eps inside the sqrt), rotary (rotate_half pairing i with i + d/2), GQA head grouping, biases."))
+    torch.testing.assert_close(
+        got,
+        expected,
+        **LOGIT_TOLERANCE,
+        msg=lambda detail: (
+            f"{label}: logits differ from transformers'. {detail}\nCheck in this order: RMSNorm "
+            f"(float32, eps inside the sqrt), rotary (rotate_half pairing i with i + d/2), GQA head grouping, biases."
+        ),
+    )
 
 
 def test_llama3_rope_frequencies_match_transformers():
@@ -90,15 +129,20 @@ def test_llama3_rope_frequencies_match_transformers():
     from infer.model import Rotary
 
     got = Rotary(arch.head_dim, arch.rope_theta, arch.rope_scaling).inv_freq
-    assert torch.allclose(got, expected, rtol=1e-5, atol=0), "llama3-scaled rotary frequencies differ from transformers'"
+    assert torch.allclose(got, expected, rtol=1e-5, atol=0), (
+        "llama3-scaled rotary frequencies differ from transformers'"
+    )
 
 
 def test_a_mixed_batch_gives_the_logits_of_each_sequence_run_alone():
     """A prefill chunk of one sequence and decode tokens of two others in ONE forward = each run on its own."""
     config = seven_to_one_config()
     model = Transformer.from_hf(randomized(config))
-    prompts = {0: random_prompt_ids(config, 40, seed=3)[0], 1: random_prompt_ids(config, 9, seed=4)[0],
-               2: random_prompt_ids(config, 23, seed=5)[0]}
+    prompts = {
+        0: random_prompt_ids(config, 40, seed=3)[0],
+        1: random_prompt_ids(config, 9, seed=4)[0],
+        2: random_prompt_ids(config, 23, seed=5)[0],
+    }
 
     def prefilled_cache():
         """Sequence 0 holds its first 25 tokens; 1 and 2 all but their last token."""
@@ -112,9 +156,11 @@ def test_a_mixed_batch_gives_the_logits_of_each_sequence_run_alone():
     # One by one: the rest of sequence 0's prompt, then one decode token each for 1 and 2.
     with torch.no_grad():
         alone = prefilled_cache()
-        expected = [model(prompts[0][25:], torch.arange(25, 40), alone, torch.zeros(15, dtype=torch.long)),
-                    model(prompts[1][-1:], torch.tensor([8]), alone, torch.tensor([1])),
-                    model(prompts[2][-1:], torch.tensor([22]), alone, torch.tensor([2]))]
+        expected = [
+            model(prompts[0][25:], torch.arange(25, 40), alone, torch.zeros(15, dtype=torch.long)),
+            model(prompts[1][-1:], torch.tensor([8]), alone, torch.tensor([1])),
+            model(prompts[2][-1:], torch.tensor([22]), alone, torch.tensor([2])),
+        ]
 
     with torch.no_grad():
         together = prefilled_cache()
@@ -124,11 +170,17 @@ def test_a_mixed_batch_gives_the_logits_of_each_sequence_run_alone():
         seq_ids = torch.tensor([2] + [0] * 15 + [1])
         mixed = model(tokens, positions, together, seq_ids)
 
-    for label, got, want in (("sequence 2 (decode)", mixed[:1], expected[2]),
-                             ("sequence 0 (prefill chunk at 25..39)", mixed[1:16], expected[0]),
-                             ("sequence 1 (decode)", mixed[16:], expected[1])):
-        torch.testing.assert_close(got, want, **LOGIT_TOLERANCE, msg=lambda detail: (
-            f"{label}: mixed-batch logits differ from running it alone. {detail}"))
+    for label, got, want in (
+        ("sequence 2 (decode)", mixed[:1], expected[2]),
+        ("sequence 0 (prefill chunk at 25..39)", mixed[1:16], expected[0]),
+        ("sequence 1 (decode)", mixed[16:], expected[1]),
+    ):
+        torch.testing.assert_close(
+            got,
+            want,
+            **LOGIT_TOLERANCE,
+            msg=lambda detail, label=label: f"{label}: mixed-batch logits differ from running it alone. {detail}",
+        )
 
 
 def test_logits_rows_returns_only_the_asked_rows():
@@ -150,7 +202,9 @@ def test_every_transformers_weight_has_a_home():
             ours = Transformer(config)
         theirs = {n for n, _ in reference.named_parameters()}
         mapped = {hf_name(n) for n, _ in ours.named_parameters()}
-        assert mapped == theirs, f"{name}: unmapped {sorted(theirs - mapped)[:3]}, unknown {sorted(mapped - theirs)[:3]}"
+        assert mapped == theirs, (
+            f"{name}: unmapped {sorted(theirs - mapped)[:3]}, unknown {sorted(mapped - theirs)[:3]}"
+        )
 
 
 def test_qwen2_has_qkv_bias_and_no_o_bias():
@@ -158,11 +212,14 @@ def test_qwen2_has_qkv_bias_and_no_o_bias():
     assert arch.qkv_bias and not arch.o_bias and arch.head_dim == 128 and arch.num_kv_heads == 2
 
 
-@pytest.mark.parametrize("change, message", [
-    (dict(use_sliding_window=True), "sliding"),
-    (dict(rope_parameters={"rope_type": "yarn", "rope_theta": 1e6, "factor": 4.0}), "yarn"),
-    (dict(model_type="mistral"), "mistral"),
-])
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (dict(use_sliding_window=True), "sliding"),
+        (dict(rope_parameters={"rope_type": "yarn", "rope_theta": 1e6, "factor": 4.0}), "yarn"),
+        (dict(model_type="mistral"), "mistral"),
+    ],
+)
 def test_unsupported_configs_are_rejected_with_the_reason(change, message):
     config = qwen2_tied_config()
     for key, value in change.items():
@@ -191,7 +248,13 @@ def test_chunked_prefill_and_decode_steps_match_one_full_pass(label):
     with torch.no_grad():
         expected = reference(ids[None]).logits[0]
         pieces = [ours(ids[:60], torch.arange(60), cache), ours(ids[60:90], torch.arange(60, 90), cache)]
-        pieces += [ours(ids[p:p + 1], torch.tensor([p]), cache) for p in range(90, 100)]
-    torch.testing.assert_close(torch.cat(pieces), expected, **LOGIT_TOLERANCE, msg=lambda detail: (
-        f"{label}: logits through the cache (chunk + decode steps) differ from one full pass. {detail}\n"
-        "Check the shifted causal mask of a chunk (query i sees keys 0..start+i) and the rotary positions"))
+        pieces += [ours(ids[p : p + 1], torch.tensor([p]), cache) for p in range(90, 100)]
+    torch.testing.assert_close(
+        torch.cat(pieces),
+        expected,
+        **LOGIT_TOLERANCE,
+        msg=lambda detail: (
+            f"{label}: logits through the cache (chunk + decode steps) differ from one full pass. {detail}\n"
+            "Check the shifted causal mask of a chunk (query i sees keys 0..start+i) and the rotary positions"
+        ),
+    )

@@ -26,8 +26,9 @@ def _runs(parts) -> list[SeqRun]:
     return runs
 
 
-def _step_through_block_tables(model, cache: KVCache, tables: list[list[int]], prompts, step_tokens,
-                               step=STEP) -> torch.Tensor:
+def _step_through_block_tables(
+    model, cache: KVCache, tables: list[list[int]], prompts, step_tokens, step=STEP
+) -> torch.Tensor:
     """Prefill every prompt, then run `step` in one forward, all through block tables."""
     for seq, prompt in enumerate(prompts):
         run = SeqRun(seq, 0, 0, len(prompt))
@@ -42,8 +43,12 @@ def _step_one_sequence_at_a_time(model, prompts, step_tokens, step=STEP) -> torc
     for seq, prompt in enumerate(prompts):
         model(prompt, torch.arange(len(prompt)), alone, torch.full_like(prompt, seq))
     pieces = step_tokens.split([n for _, n, _ in step])
-    return torch.cat([model(t, torch.arange(start, start + n), alone, torch.full_like(t, seq))
-                      for (seq, n, start), t in zip(step, pieces)])
+    return torch.cat(
+        [
+            model(t, torch.arange(start, start + n), alone, torch.full_like(t, seq))
+            for (seq, n, start), t in zip(step, pieces)
+        ]
+    )
 
 
 def _inputs():
@@ -58,8 +63,12 @@ def test_a_step_through_slots_matches_each_sequence_alone(tiny):
     model = Transformer.from_hf(tiny.model)
     prompts, step_tokens = _inputs()
     slots = KVCache.for_model(model, len(PROMPT_LENS) + 1, 64)  # the slot store's layout: block s is slot s
-    together = _step_through_block_tables(model, slots, [[s] for s in range(len(PROMPT_LENS) + 1)], prompts, step_tokens)
-    torch.testing.assert_close(together, _step_one_sequence_at_a_time(model, prompts, step_tokens), rtol=RTOL, atol=ATOL)
+    together = _step_through_block_tables(
+        model, slots, [[s] for s in range(len(PROMPT_LENS) + 1)], prompts, step_tokens
+    )
+    torch.testing.assert_close(
+        together, _step_one_sequence_at_a_time(model, prompts, step_tokens), rtol=RTOL, atol=ATOL
+    )
 
 
 @torch.no_grad()
@@ -70,10 +79,13 @@ def test_decodes_in_side_by_side_slots_read_in_place_match_each_sequence_alone(t
     step_tokens = torch.tensor([11, 12, 13, 14, 15])
     slots = KVCache.for_model(model, len(PROMPT_LENS) + 1, 64)
     runs = _runs(decodes)
-    assert PagedKV.for_runs(slots, runs, [[r.seq_id] for r in runs]).first_decode_block == 0, "expected the in-place path"
+    assert PagedKV.for_runs(slots, runs, [[r.seq_id] for r in runs]).first_decode_block == 0, (
+        "expected the in-place path"
+    )
     together = _step_through_block_tables(model, slots, [[s] for s in range(6)], prompts, step_tokens, decodes)
-    torch.testing.assert_close(together, _step_one_sequence_at_a_time(model, prompts, step_tokens, decodes),
-                               rtol=RTOL, atol=ATOL)
+    torch.testing.assert_close(
+        together, _step_one_sequence_at_a_time(model, prompts, step_tokens, decodes), rtol=RTOL, atol=ATOL
+    )
 
 
 @torch.no_grad()
@@ -88,7 +100,9 @@ def test_a_step_through_small_scattered_blocks_matches_each_sequence_alone(tiny)
     needs[2] = -(-5 // block_size)  # sequence 2 grows to 5 positions this step
     tables = [[free.pop() for _ in range(n)] for n in needs]
     together = _step_through_block_tables(model, cache, tables, prompts, step_tokens)
-    torch.testing.assert_close(together, _step_one_sequence_at_a_time(model, prompts, step_tokens), rtol=RTOL, atol=ATOL)
+    torch.testing.assert_close(
+        together, _step_one_sequence_at_a_time(model, prompts, step_tokens), rtol=RTOL, atol=ATOL
+    )
 
 
 @torch.no_grad()
@@ -112,4 +126,6 @@ def test_the_growing_cache_still_serves_several_sequences(tiny):
         for cache in (fixed, growing):
             model(p, torch.arange(len(p)), cache, torch.full_like(p, slot))
     step = (torch.tensor([7, 8]), torch.tensor([5, 3]), torch.tensor([0, 1]))
-    torch.testing.assert_close(model(*step[:2], growing, step[2]), model(*step[:2], fixed, step[2]), rtol=RTOL, atol=ATOL)
+    torch.testing.assert_close(
+        model(*step[:2], growing, step[2]), model(*step[:2], fixed, step[2]), rtol=RTOL, atol=ATOL
+    )

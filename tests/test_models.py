@@ -17,7 +17,12 @@ def test_every_shipped_config_builds():
 def test_qwen_configs_have_published_shapes():
     small, large = MODEL_SPECS["qwen2.5-0.5b"].config(), MODEL_SPECS["qwen2.5-1.5b"].config()
     assert (small.num_attention_heads, small.num_key_value_heads, small.hidden_size) == (14, 2, 896)
-    assert (large.num_attention_heads, large.num_key_value_heads, large.hidden_size, large.num_hidden_layers) == (12, 2, 1536, 28)
+    assert (large.num_attention_heads, large.num_key_value_heads, large.hidden_size, large.num_hidden_layers) == (
+        12,
+        2,
+        1536,
+        28,
+    )
 
 
 def test_unknown_model_lists_valid_names():

@@ -16,7 +16,8 @@ def test_ran_top_to_bottom_without_errors(path):
     counts = [c.execution_count for c in code]
     assert counts == list(range(1, len(code) + 1)), (
         f"{path.relative_to(REPO_ROOT)}: execution counts {counts} are not 1..{len(code)}; "
-        "re-run it with `make notebooks`")
+        "re-run it with `make notebooks`"
+    )
     errors = [c.id for c in code for o in c.outputs if o.output_type == "error"]
     assert not errors, f"{path.relative_to(REPO_ROOT)}: cells {errors} stored an error"
 
@@ -29,7 +30,8 @@ def test_solution_has_check_cells_that_pass(path):
     for cell in checks:
         text = "".join(o.get("text", "") for o in cell.outputs)
         assert text.startswith("✅") and text.count("\n") == 1, (
-            f"{path.name} cell {cell.id}: a check cell must print exactly one ✅ line, stored {text!r}")
+            f"{path.name} cell {cell.id}: a check cell must print exactly one ✅ line, stored {text!r}"
+        )
 
 
 def test_cell_ids_are_unique_and_stable():

@@ -3,8 +3,13 @@ running end to end on the tiny model with the keys the lecture reads."""
 
 import pytest
 
-from infer.experiments.paged_kv import (capacity_at_equal_memory, indirection_cost, prefix_caching_ttft,
-                                        reservation_waste, shared_prefix_workload)
+from infer.experiments.paged_kv import (
+    capacity_at_equal_memory,
+    indirection_cost,
+    prefix_caching_ttft,
+    reservation_waste,
+    shared_prefix_workload,
+)
 from infer.model import Transformer
 from infer.workloads import mixed_workload
 
@@ -24,10 +29,12 @@ def model(tiny):
 def test_the_harnesses_run_and_report_what_the_lecture_reads(model):
     varied = mixed_workload("varied", model.arch.vocab_size, 12, (4, 16), (2, 8), seed=1)
     capacity = capacity_at_equal_memory(model, varied, slots=2, max_model_len=32, block_size=4, rounds=1)
-    assert capacity["slots"]["max_running"] <= 2 < capacity["paged"]["max_running"], \
+    assert capacity["slots"]["max_running"] <= 2 < capacity["paged"]["max_running"], (
         "the same memory as 2 slots holds more short sequences as blocks"
-    prefix = prefix_caching_ttft(model, shared_prefix_workload(model.arch.vocab_size, 3, 64, 4, 2), block_size=16,
-                                 rounds=1)
+    )
+    prefix = prefix_caching_ttft(
+        model, shared_prefix_workload(model.arch.vocab_size, 3, 64, 4, 2), block_size=16, rounds=1
+    )
     assert prefix["hit_rate"] > 0.5 and set(prefix["median_ttft_ms"]) == {"off", "on"}
     cost = indirection_cost(model, batch=4, context=20, steps=2, rounds=1)
     assert cost["ratio_paged_over_slots"] > 0

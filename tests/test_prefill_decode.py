@@ -8,14 +8,12 @@ import math
 import pytest
 import torch
 
-
 from infer import hf
 from infer.experiments import prefill_decode as pd
 from infer.generate import naive_greedy_generate
 from infer.profiles import PROFILES
 from infer.prompts import random_prompt_ids
 from infer.timing import Timing
-
 
 # `tiny` (the cpu profile's random-weight model, loaded once per session) comes from conftest.py.
 
@@ -25,7 +23,9 @@ def test_naive_greedy_generate_matches_transformers_generate(tiny, seed, length)
     prompt = random_prompt_ids(tiny.config, length, seed=seed)
     got = naive_greedy_generate(tiny.model, prompt, 10)
     expected = hf.greedy_generate(tiny.model, prompt, 10)
-    assert got.shape == (1, 10), f"naive_greedy_generate must return only the 10 new tokens as [1, 10], got {tuple(got.shape)}"
+    assert got.shape == (1, 10), (
+        f"naive_greedy_generate must return only the 10 new tokens as [1, 10], got {tuple(got.shape)}"
+    )
     assert torch.equal(got, expected), (
         f"naive loop and transformers' generate() disagree on a {length}-token prompt (seed {seed}): "
         f"{got.tolist()} vs {expected.tolist()}; the loop must take the argmax of the LAST position's logits"
@@ -77,15 +77,20 @@ def test_prefill_fills_the_cache_and_computes_only_the_last_rows_logits(tiny):
     cache = hf.new_cache(tiny.model)
     logits = pd.prefill(tiny.model, prompt, cache)
     assert logits.shape == (1, 1, tiny.config.vocab_size), (
-        f"a server's prefill computes the logits of the last position only, got shape {tuple(logits.shape)}")
+        f"a server's prefill computes the logits of the last position only, got shape {tuple(logits.shape)}"
+    )
     assert cache.get_seq_length() == 20, "the prefill must leave every prompt token's K/V in the cache"
     torch.testing.assert_close(logits[:, 0], hf.forward(tiny.model, prompt)[:, -1], rtol=1e-4, atol=1e-4)
 
 
 def test_prefill_ms_returns_the_requested_number_of_positive_samples(tiny):
     timing = pd.prefill_ms(tiny.model, random_prompt_ids(tiny.config, 16), warmup=0, repeats=3)
-    assert isinstance(timing, Timing) and len(timing.samples_ms) == 3, "prefill_ms must return a Timing with `repeats` samples"
-    assert all(ms > 0 for ms in timing.samples_ms), f"every sample must be a positive time in ms, got {timing.samples_ms}"
+    assert isinstance(timing, Timing) and len(timing.samples_ms) == 3, (
+        "prefill_ms must return a Timing with `repeats` samples"
+    )
+    assert all(ms > 0 for ms in timing.samples_ms), (
+        f"every sample must be a positive time in ms, got {timing.samples_ms}"
+    )
 
 
 def test_decode_step_ms_leaves_the_cache_at_the_context_length(tiny, monkeypatch):
@@ -111,8 +116,12 @@ def test_phase_sizes_cover_every_profile_and_grow_from_cpu_to_gpu():
     for name, profile in PROFILES.items():
         sizes = pd.phase_sizes(profile)
         assert list(sizes.sweep_prompt_lens) == sorted(set(sizes.sweep_prompt_lens)), f"{name}: lengths must increase"
-    assert max(pd.phase_sizes(PROFILES["gpu"]).sweep_prompt_lens) >= 8192, "the GPU sweep should reach 8192-token prompts"
-    assert max(pd.phase_sizes(PROFILES["cpu"]).sweep_prompt_lens) <= 1024, "the CPU sweep must stay small (<= 1024 tokens)"
+    assert max(pd.phase_sizes(PROFILES["gpu"]).sweep_prompt_lens) >= 8192, (
+        "the GPU sweep should reach 8192-token prompts"
+    )
+    assert max(pd.phase_sizes(PROFILES["cpu"]).sweep_prompt_lens) <= 1024, (
+        "the CPU sweep must stay small (<= 1024 tokens)"
+    )
 
 
 def test_sweep_table_and_plot(tiny):
@@ -133,7 +142,9 @@ def test_robust_line_ignores_one_outlier():
     y = [2 * v + 1 for v in x]
     y[5] = 500.0  # one token delayed by another process
     slope, intercept = pd.robust_line(x, y)
-    assert slope == pytest.approx(2.0) and intercept == pytest.approx(1.0), f"expected y = 2x + 1, got {slope}x + {intercept}"
+    assert slope == pytest.approx(2.0) and intercept == pytest.approx(1.0), (
+        f"expected y = 2x + 1, got {slope}x + {intercept}"
+    )
 
 
 def test_request_latency_split_hand_computed():
@@ -141,13 +152,16 @@ def test_request_latency_split_hand_computed():
 
     row = pd.PhaseTiming(100, Timing((40.0,)), Timing((5.0,)))
     split = request_latency_split_ms(row, 11)
-    assert list(split.values()) == [40.0, 50.0], f"prefill 40 ms, then 10 more decode steps of 5 ms = 50 ms; got {split}"
+    assert list(split.values()) == [40.0, 50.0], (
+        f"prefill 40 ms, then 10 more decode steps of 5 ms = 50 ms; got {split}"
+    )
     with pytest.raises(ValueError):
         request_latency_split_ms(row, 0)
 
 
 def test_phase_split_explorer_draws_its_initial_state():
     import matplotlib.pyplot as plt
+
     from infer.course.widgets import phase_split_explorer
 
     rows = [pd.PhaseTiming(n, Timing((n / 10,)), Timing((2.0,))) for n in (16, 64, 256)]

@@ -1,3 +1,5 @@
+import dataclasses
+
 import pytest
 import torch
 
@@ -30,7 +32,7 @@ def test_gpu_profile_refused_without_cuda():
 
 def test_profiles_are_frozen_and_consistent():
     cpu = PROFILES["cpu"]
-    with pytest.raises(Exception):
+    with pytest.raises(dataclasses.FrozenInstanceError):
         cpu.name = "other"
     gpu = PROFILES["gpu"]
     assert gpu.dtype == torch.bfloat16 and gpu.model_name == "qwen2.5-1.5b"
@@ -49,7 +51,9 @@ def test_gpu_dryrun_keeps_what_the_gpu_code_paths_depend_on():
 
     gpu, dryrun = PROFILES["gpu"], PROFILES["gpu-dryrun"]
     assert dryrun.dtype == gpu.dtype == torch.bfloat16
-    assert MODEL_SPECS[dryrun.model_name].config().model_type == MODEL_SPECS[gpu.model_name].config().model_type == "qwen2"
+    assert (
+        MODEL_SPECS[dryrun.model_name].config().model_type == MODEL_SPECS[gpu.model_name].config().model_type == "qwen2"
+    )
     # The grid's structure: as many input lengths in the same ratio, as many output lengths, the same
     # concurrency ladder, and prompts enough to fill its largest level.
     assert len(dryrun.grid.input_lens) == len(gpu.grid.input_lens)

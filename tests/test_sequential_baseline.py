@@ -1,4 +1,5 @@
-"""infer.experiments.sequential_baseline: the streamer's timestamps, the one-at-a-time server's queue, the grid runner."""
+"""infer.experiments.sequential_baseline: the streamer's timestamps, the one-at-a-time server's queue,
+the grid runner."""
 
 import time
 
@@ -7,15 +8,15 @@ import torch
 
 from infer import hf
 from infer.experiments.sequential_baseline import (
+    BaselineSizes,
     TokenTimestamps,
+    format_runs_table,
     generate_with_timestamps,
     prompts_per_cell,
     run_baseline_grid,
     run_sequential_server,
     steady_state,
     supported_percentiles,
-    format_runs_table,
-    BaselineSizes,
 )
 from infer.metrics import calculate_metrics, request_latencies_ms
 from infer.profiles import BenchmarkGrid
@@ -23,7 +24,8 @@ from infer.prompts import random_prompt_ids
 
 
 class FakeModel:
-    """Streams `output_len` tokens through generate()'s streamer protocol, `step_s` apart; raises on prompt `fail_on`."""
+    """Streams `output_len` tokens through generate()'s streamer protocol, `step_s` apart; raises on
+    prompt `fail_on`."""
 
     def __init__(self, step_s=0.002, fail_on=None):
         self.step_s, self.fail_on, self.served = step_s, fail_on, []
@@ -52,7 +54,8 @@ def test_streamer_skips_the_prompt_and_times_each_token(tiny):
     assert stamps.prompt_seen and stamps.ended
     assert len(stamps.times) == 6, (
         "transformers' generate() calls put() once with the prompt, then once per new token: expected 6 "
-        f"timestamps for 6 new tokens, got {len(stamps.times)}")
+        f"timestamps for 6 new tokens, got {len(stamps.times)}"
+    )
     assert stamps.tokens == [1] * 6
     assert stamps.times == sorted(stamps.times)
     assert torch.equal(tokens, hf.greedy_generate(tiny.model, prompt, 6)), "the streamer must not change the tokens"
@@ -78,7 +81,9 @@ def _prompts(n, length=3):
 def test_concurrency_one_sends_after_each_finish():
     records = run_sequential_server(FakeModel(), _prompts(4), output_len=3, concurrency=1)
     for earlier, later in zip(records, records[1:]):
-        assert later.send_time >= earlier.finish_time, "with one request in flight, the next is sent after the last ends"
+        assert later.send_time >= earlier.finish_time, (
+            "with one request in flight, the next is sent after the last ends"
+        )
     assert all(r.success and r.num_output_tokens == 3 for r in records)
 
 
@@ -121,8 +126,13 @@ def test_grid_cells_and_prompt_counts():
 
 def test_baseline_grid_on_the_tiny_model(tiny):
     grid = BenchmarkGrid(input_lens=(8,), output_lens=(3,), concurrency=(1, 2), num_prompts=3)
-    runs, records = run_baseline_grid(tiny, grid, sizes=BaselineSizes(min_prompts=3, rounds=1, warmup=1),
-                                      slo_ms={"ttft": 1e6, "tpot": 1e6}, progress=False)
+    runs, records = run_baseline_grid(
+        tiny,
+        grid,
+        sizes=BaselineSizes(min_prompts=3, rounds=1, warmup=1),
+        slo_ms={"ttft": 1e6, "tpot": 1e6},
+        progress=False,
+    )
     assert [(r["input_len"], r["output_len"], r["max_concurrency"]) for r in runs] == [(8, 3, 1), (8, 3, 2)]
     for run in runs:
         assert run["completed"] == 3 and run["failed"] == 0 and run["total_output_tokens"] == 9
@@ -139,7 +149,8 @@ def test_steady_state_drops_the_ramp_up_and_times_only_the_measured_work():
     ahead = [sum(earlier.finish_time > r.send_time for earlier in records[:i]) for i, r in enumerate(records)]
     assert ahead == [0, 1, 2, 2, 2, 2, 2], f"requests still being served or queued when each was sent: {ahead}"
     assert duration_s == pytest.approx(records[-1].finish_time - records[1].finish_time), (
-        "the duration starts when the server turns to the first measured request")
+        "the duration starts when the server turns to the first measured request"
+    )
     alone, alone_duration = steady_state(records, 1)
     assert alone == records and alone_duration == pytest.approx(records[-1].finish_time - records[0].send_time)
     with pytest.raises(ValueError, match="nothing to measure"):
@@ -159,7 +170,8 @@ def test_the_runs_table_hides_percentiles_that_n_cannot_support(tiny):
     data_line = format_runs_table(runs).splitlines()[1]
     assert " 20 |" in data_line, f"the table must print n beside the percentiles: {data_line}"
     assert data_line.count(" - ") + data_line.rstrip().endswith("-") == 2, (
-        f"20 requests support p50 and p90, not p95: one '-' each for TTFT and TPOT, got {data_line}")
+        f"20 requests support p50 and p90, not p95: one '-' each for TTFT and TPOT, got {data_line}"
+    )
 
 
 @pytest.mark.parametrize("name, tail", [("cpu", 95), ("gpu", 90)])
@@ -170,4 +182,5 @@ def test_each_profile_measures_enough_requests_for_its_tail_percentile(name, tai
     grid = PROFILES[name].grid
     fewest = min(prompts_per_cell(grid, BASELINE_SIZES[name], c) for c in grid.concurrency)
     assert tail in supported_percentiles(fewest, (50, 90, 95, 99)), (
-        f"the {name} baseline measures only {fewest} requests in some cell: too few for a p{tail}")
+        f"the {name} baseline measures only {fewest} requests in some cell: too few for a p{tail}"
+    )

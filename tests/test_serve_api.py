@@ -20,8 +20,9 @@ MAX_MODEL_LEN = 512
 
 @pytest.fixture(scope="module")
 def server(tiny):
-    with start_server(tiny, EngineSettings(max_num_seqs=4, max_num_batched_tokens=512, max_model_len=MAX_MODEL_LEN),
-                      model_name="tiny") as running:
+    with start_server(
+        tiny, EngineSettings(max_num_seqs=4, max_num_batched_tokens=512, max_model_len=MAX_MODEL_LEN), model_name="tiny"
+    ) as running:
         yield running
 
 
@@ -44,8 +45,12 @@ def wait_until_idle(http, timeout_s: float = 10.0) -> dict:
     deadline = time.monotonic() + timeout_s
     while True:
         gauges = read_metrics(http.get("/metrics").text)
-        idle = (gauges["infer:num_requests_running"] == 0 and gauges["infer:num_requests_waiting"] == 0
-                and gauges["infer:kv_cache_usage_perc"] == 0 and gauges["infer:num_open_responses"] == 0)
+        idle = (
+            gauges["infer:num_requests_running"] == 0
+            and gauges["infer:num_requests_waiting"] == 0
+            and gauges["infer:kv_cache_usage_perc"] == 0
+            and gauges["infer:num_open_responses"] == 0
+        )
         if idle or time.monotonic() > deadline:
             return gauges
         time.sleep(0.05)
@@ -62,8 +67,16 @@ def test_models_and_health(http):
 
 
 def test_completion_streams_what_vllm_bench_serve_parses(http):
-    body = {"model": "tiny", "prompt": [5, 6, 7, 8], "max_tokens": 6, "ignore_eos": True, "temperature": 0.0,
-            "repetition_penalty": 1.0, "logprobs": None, "stream_options": {"include_usage": True}}
+    body = {
+        "model": "tiny",
+        "prompt": [5, 6, 7, 8],
+        "max_tokens": 6,
+        "ignore_eos": True,
+        "temperature": 0.0,
+        "repetition_penalty": 1.0,
+        "logprobs": None,
+        "stream_options": {"include_usage": True},
+    }
     messages = stream_messages(http, "/v1/completions", body)
     assert messages[-1] == "[DONE]"
     usage = messages[-2]
@@ -77,8 +90,9 @@ def test_completion_streams_what_vllm_bench_serve_parses(http):
 def test_greedy_text_is_transformers_greedy_generate(http, tiny):
     prompt = [17, 300, 42, 99, 511, 7]
     expected = hf.greedy_generate(tiny.model, torch.tensor([prompt]), 12)[0].tolist()
-    reply = http.post("/v1/completions", json={"prompt": prompt, "max_tokens": 12, "temperature": 0,
-                                               "ignore_eos": True}).json()
+    reply = http.post(
+        "/v1/completions", json={"prompt": prompt, "max_tokens": 12, "temperature": 0, "ignore_eos": True}
+    ).json()
     assert reply["choices"][0]["text"] == tiny.tokenizer.decode(expected, skip_special_tokens=True)
     assert reply["usage"]["completion_tokens"] == 12
 
@@ -86,8 +100,9 @@ def test_greedy_text_is_transformers_greedy_generate(http, tiny):
 def test_text_prompt_and_a_list_of_prompts(http, tiny):
     reply = http.post("/v1/completions", json={"prompt": "Hello", "max_tokens": 3, "ignore_eos": True}).json()
     assert reply["usage"]["prompt_tokens"] == len(tiny.tokenizer.encode("Hello", add_special_tokens=False))
-    reply = http.post("/v1/completions", json={"prompt": [[1, 2, 3], [4, 5]], "max_tokens": 3,
-                                               "ignore_eos": True}).json()
+    reply = http.post(
+        "/v1/completions", json={"prompt": [[1, 2, 3], [4, 5]], "max_tokens": 3, "ignore_eos": True}
+    ).json()
     assert [c["index"] for c in reply["choices"]] == [0, 1]
     assert reply["usage"] == {"prompt_tokens": 5, "completion_tokens": 6, "total_tokens": 11}
     streamed = stream_messages(http, "/v1/completions", {"prompt": ["ab", "cd"], "max_tokens": 4, "ignore_eos": True})
@@ -101,15 +116,17 @@ def test_chat_uses_the_template_and_streams_deltas(http, tiny):
     assert reply["object"] == "chat.completion" and reply["choices"][0]["message"]["role"] == "assistant"
     template_text = "<|bos|>system: Be brief.\nuser: Hi\nassistant: "
     assert reply["usage"]["prompt_tokens"] == len(tiny.tokenizer.encode(template_text, add_special_tokens=False))
-    streamed = stream_messages(http, "/v1/chat/completions", {"messages": messages, "max_tokens": 4,
-                                                               "ignore_eos": True})
+    streamed = stream_messages(
+        http, "/v1/chat/completions", {"messages": messages, "max_tokens": 4, "ignore_eos": True}
+    )
     deltas = [m["choices"][0]["delta"] for m in streamed[:-1]]
     assert deltas[0]["role"] == "assistant" and len(deltas) == 4
 
 
 def test_a_disconnected_stream_frees_its_slot_at_once(http, server):
-    with http.stream("POST", "/v1/completions", json={"prompt": [3] * 8, "max_tokens": 400, "ignore_eos": True,
-                                                      "stream": True}) as response:
+    with http.stream(
+        "POST", "/v1/completions", json={"prompt": [3] * 8, "max_tokens": 400, "ignore_eos": True, "stream": True}
+    ) as response:
         lines = response.iter_lines()
         while not next(lines).startswith("data: "):
             pass
@@ -140,18 +157,33 @@ BAD_REQUESTS = [
     ("top_p 0", "/v1/completions", {"prompt": "x", "top_p": 0}, 400, ["top_p", "0"]),
     ("stream not a boolean", "/v1/completions", {"prompt": "x", "stream": "sometimes"}, 400, ["stream"]),
     ("token id outside the vocabulary", "/v1/completions", {"prompt": [1, 5000]}, 400, ["5000", "1024"]),
-    ("prompt too long", "/v1/completions", {"prompt": TOO_LONG, "max_tokens": 16}, 400,
-     [str(MAX_MODEL_LEN), str(len(TOO_LONG) + 16), str(len(TOO_LONG))]),
+    (
+        "prompt too long",
+        "/v1/completions",
+        {"prompt": TOO_LONG, "max_tokens": 16},
+        400,
+        [str(MAX_MODEL_LEN), str(len(TOO_LONG) + 16), str(len(TOO_LONG))],
+    ),
     ("repetition penalty", "/v1/completions", {"prompt": "x", "repetition_penalty": 1.2}, 400, ["repetition_penalty"]),
     ("logprobs", "/v1/completions", {"prompt": "x", "logprobs": 5}, 400, ["logprobs"]),
     ("several completions", "/v1/completions", {"prompt": "x", "n": 2}, 400, ["n=2"]),
     ("unknown model", "/v1/completions", {"prompt": "x", "model": "gpt-9"}, 404, ["gpt-9", "does not exist"]),
     ("chat without messages", "/v1/chat/completions", {"max_tokens": 2}, 400, ["messages"]),
     ("chat with no message", "/v1/chat/completions", {"messages": []}, 400, ["messages"]),
-    ("chat with an unknown role", "/v1/chat/completions", {"messages": [{"role": "robot", "content": "x"}]}, 400,
-     ["role"]),
-    ("chat with an unknown model", "/v1/chat/completions", {"model": "x", "messages": [{"role": "user", "content": "x"}]},
-     404, ["does not exist"]),
+    (
+        "chat with an unknown role",
+        "/v1/chat/completions",
+        {"messages": [{"role": "robot", "content": "x"}]},
+        400,
+        ["role"],
+    ),
+    (
+        "chat with an unknown model",
+        "/v1/chat/completions",
+        {"model": "x", "messages": [{"role": "user", "content": "x"}]},
+        404,
+        ["does not exist"],
+    ),
 ]
 
 
@@ -183,12 +215,26 @@ def test_the_server_still_serves_after_the_corpus(http):
 
 def test_metrics_show_preemptions_and_prefix_hits_of_a_paged_store_under_pressure(tiny):
     """Eight concurrent requests sharing a 64-token beginning, in a pool with room for about three."""
-    settings = EngineSettings(max_num_seqs=8, max_num_batched_tokens=256, max_model_len=128, kv_store="paged",
-                              num_kv_blocks=16, block_size=16, enable_prefix_caching=True)
+    settings = EngineSettings(
+        max_num_seqs=8,
+        max_num_batched_tokens=256,
+        max_model_len=128,
+        kv_store="paged",
+        num_kv_blocks=16,
+        block_size=16,
+        enable_prefix_caching=True,
+    )
     shared = list(range(10, 74))
-    with start_server(tiny, settings, model_name="tiny") as running, httpx.Client(base_url=running.url, timeout=120) as http:
-        http.post("/v1/completions", json={"model": "tiny", "prompt": shared + [5], "max_tokens": 2})  # caches the beginning
-        bodies = [{"model": "tiny", "prompt": shared + [100 + i], "max_tokens": 48, "ignore_eos": True} for i in range(8)]
+    with (
+        start_server(tiny, settings, model_name="tiny") as running,
+        httpx.Client(base_url=running.url, timeout=120) as http,
+    ):
+        http.post(
+            "/v1/completions", json={"model": "tiny", "prompt": shared + [5], "max_tokens": 2}
+        )  # caches the beginning
+        bodies = [
+            {"model": "tiny", "prompt": shared + [100 + i], "max_tokens": 48, "ignore_eos": True} for i in range(8)
+        ]
         with concurrent.futures.ThreadPoolExecutor(8) as pool:
             replies = list(pool.map(lambda body: http.post("/v1/completions", json=body), bodies))
         assert all(r.status_code == 200 for r in replies), [r.text for r in replies if r.status_code != 200]

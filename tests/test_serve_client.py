@@ -1,8 +1,6 @@
 """infer.serve.client: the workload, the send schedule, a recorded stream's timing, and a run
 against the course server; infer.serve.detokenize: text that arrives in pieces."""
 
-import math
-
 import numpy as np
 import pytest
 
@@ -74,8 +72,11 @@ def test_a_recorded_stream_gives_chunks_usage_and_vllms_metrics():
 def test_streams_that_fail():
     empty = stream_record(3, 1.0, [(1.5, "data: [DONE]")])
     assert not empty.success and "no output chunk" in empty.error
-    broken = stream_record(3, 1.0, [(1.1, 'data: {"choices":[{"text":"a"}]}'),
-                                    (1.2, 'data: {"error":{"message":"engine died","code":500}}')])
+    broken = stream_record(
+        3,
+        1.0,
+        [(1.1, 'data: {"choices":[{"text":"a"}]}'), (1.2, 'data: {"error":{"message":"engine died","code":500}}')],
+    )
     assert not broken.success and broken.error == "engine died"
     assert parse_sse_line(": ping") is None and parse_sse_line("data: [DONE]") is None
 
@@ -97,7 +98,17 @@ def test_client_against_the_course_server(tiny):
     assert result["total_input_tokens"] == 6 * 24 and result["total_output_tokens"] == 6 * 5
     assert result["max_concurrency"] == 3 and result["output_lens"] == [5] * 6
     assert all(len(r.chunk_times) == 5 for r in records)
-    for key in ("duration", "request_throughput", "output_throughput", "median_ttft_ms", "p99_tpot_ms", "mean_itl_ms",
-                "input_lens", "ttfts", "itls", "errors"):  # vLLM's result keys
+    for key in (
+        "duration",
+        "request_throughput",
+        "output_throughput",
+        "median_ttft_ms",
+        "p99_tpot_ms",
+        "mean_itl_ms",
+        "input_lens",
+        "ttfts",
+        "itls",
+        "errors",
+    ):  # vLLM's result keys
         assert key in result
     assert isinstance(requests[0], BenchRequest)

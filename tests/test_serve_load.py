@@ -35,10 +35,16 @@ async def load(url: str, requests, hang_ups: dict[int, int]):
     slots = asyncio.Semaphore(STREAMS)
     limits = httpx.Limits(max_connections=STREAMS)
     async with httpx.AsyncClient(timeout=LIMIT_S, limits=limits) as client:
+
         async def run(i, request):
             async with slots:
-                return await one_client(client, url + "/v1/completions",
-                                        completion_payload("tiny", request, ignore_eos=True), hang_ups.get(i))
+                return await one_client(
+                    client,
+                    url + "/v1/completions",
+                    completion_payload("tiny", request, ignore_eos=True),
+                    hang_ups.get(i),
+                )
+
         return await asyncio.wait_for(asyncio.gather(*(run(i, r) for i, r in enumerate(requests))), LIMIT_S)
 
 
@@ -47,15 +53,25 @@ def test_32_streams_with_random_disconnects_leave_no_failure_and_no_leaked_slot(
     rng = random.Random(0)
     requests = workload_for_model(tiny.config, REQUESTS, 48, OUTPUT_LEN, range_ratio=0.5, seed=5)
     hang_ups = {i: rng.randint(1, OUTPUT_LEN // 2) for i in rng.sample(range(REQUESTS), REQUESTS // 4)}
-    settings = EngineSettings(max_num_seqs=16, max_num_batched_tokens=1024, max_model_len=256)  # 32 streams > 16 slots: some wait
+    settings = EngineSettings(
+        max_num_seqs=16, max_num_batched_tokens=1024, max_model_len=256
+    )  # 32 streams > 16 slots: some wait
     with start_server(tiny, settings) as server:
         records = asyncio.run(load(server.url, requests, hang_ups))
         with httpx.Client(base_url=server.url, timeout=10) as http:
             deadline = time.monotonic() + 10
             while True:
                 gauges = read_metrics(http.get("/metrics").text)
-                busy = [name for name in ("infer:num_requests_running", "infer:num_requests_waiting",
-                                          "infer:kv_cache_usage_perc", "infer:num_open_responses") if gauges[name] != 0]
+                busy = [
+                    name
+                    for name in (
+                        "infer:num_requests_running",
+                        "infer:num_requests_waiting",
+                        "infer:kv_cache_usage_perc",
+                        "infer:num_open_responses",
+                    )
+                    if gauges[name] != 0
+                ]
                 if not busy or time.monotonic() > deadline:
                     break
                 time.sleep(0.05)

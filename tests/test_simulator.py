@@ -2,19 +2,18 @@
 step; its clock is exactly the cost model's; the fitted cost model recovers known costs; the
 roofline model is bandwidth-bound for small decode steps and compute-bound for long prefills."""
 
-import math
 import random
 
 import numpy as np
 import pytest
 
-from infer.experiments.chunked_prefill import serve
-from infer.workloads import mixed_workload
 from infer.engine.simulator import simulate
 from infer.engine.step_costs import FEATURES, FixedStepCost, LinearStepCost, RooflineStepCost, StepShape
+from infer.experiments.chunked_prefill import serve
 from infer.metrics import calculate_metrics
 from infer.model import Transformer
 from infer.models import MODEL_SPECS
+from infer.workloads import mixed_workload
 
 
 @pytest.fixture(scope="module")
@@ -31,8 +30,16 @@ def test_clock_counts_prefill_chunks_and_decodes():
 
 
 def test_arrivals_wait_for_their_time_and_the_concurrency_limit():
-    run = simulate(FixedStepCost(1.0), [4, 4, 4], [2, 2, 2], policy="continuous", max_num_seqs=8,
-                   max_num_batched_tokens=64, offsets=[0.0, 0.5, 0.5], max_concurrency=1)
+    run = simulate(
+        FixedStepCost(1.0),
+        [4, 4, 4],
+        [2, 2, 2],
+        policy="continuous",
+        max_num_seqs=8,
+        max_num_batched_tokens=64,
+        offsets=[0.0, 0.5, 0.5],
+        max_concurrency=1,
+    )
     sends = [r.send_time for r in run.records]
     assert sends[0] == 0.0 and sends[1] == pytest.approx(0.5) and sends[2] == pytest.approx(0.5 + 0.002)
 
@@ -41,8 +48,15 @@ def test_arrivals_wait_for_their_time_and_the_concurrency_limit():
 def test_the_simulated_schedule_is_the_engines(model, policy, budget):
     workload = mixed_workload("same", model.arch.vocab_size, 9, (3, 90), (2, 9), seed=budget)
     real = serve(model, workload, policy, budget, max_num_seqs=4, max_model_len=128)
-    sim = simulate(FixedStepCost(1.0), workload.prompt_lens, workload.output_lens, policy=policy, max_num_seqs=4,
-                   max_num_batched_tokens=budget, max_model_len=128)
+    sim = simulate(
+        FixedStepCost(1.0),
+        workload.prompt_lens,
+        workload.output_lens,
+        policy=policy,
+        max_num_seqs=4,
+        max_num_batched_tokens=budget,
+        max_model_len=128,
+    )
     assert [s.items for s in sim.steps] == [s.items for s in real.steps]
     assert [s.shape for s in sim.steps] == [s.shape for s in real.steps]
     assert [len(r.chunk_times) for r in sim.records] == workload.output_lens
@@ -64,10 +78,19 @@ def test_decode_kv_tokens_sum_each_decodes_context():
 
 def test_fit_recovers_known_costs():
     rng = random.Random(0)
-    truth = LinearStepCost({"steps": 2.0, "prefill_tokens": 0.05, "decode_seqs": 0.3, "decode_kv_tokens": 0.0,
-                            "prefill_attention_pairs": 1e-5})
-    shapes = [StepShape(p, d, d * rng.randint(10, 500), p * p // 2, d) for p, d in
-              ((rng.choice([0, rng.randint(1, 2000)]), rng.randint(0, 32)) for _ in range(200))]
+    truth = LinearStepCost(
+        {
+            "steps": 2.0,
+            "prefill_tokens": 0.05,
+            "decode_seqs": 0.3,
+            "decode_kv_tokens": 0.0,
+            "prefill_attention_pairs": 1e-5,
+        }
+    )
+    shapes = [
+        StepShape(p, d, d * rng.randint(10, 500), p * p // 2, d)
+        for p, d in ((rng.choice([0, rng.randint(1, 2000)]), rng.randint(0, 32)) for _ in range(200))
+    ]
     times = [truth.step_ms(s) for s in shapes]
     fitted = LinearStepCost.fit(shapes, times)
     for name in FEATURES:
@@ -88,14 +111,22 @@ def test_fit_refuses_too_few_steps():
 
 
 def test_roofline_decode_is_bandwidth_bound_and_long_prefill_compute_bound():
-    cost = RooflineStepCost.for_model(MODEL_SPECS["qwen2.5-1.5b"].config(), 2, device="test", peak_flops=1e15,
-                                      bandwidth=3e12, overhead_ms=0.0)
+    cost = RooflineStepCost.for_model(
+        MODEL_SPECS["qwen2.5-1.5b"].config(), 2, device="test", peak_flops=1e15, bandwidth=3e12, overhead_ms=0.0
+    )
     weight_ms = (cost.layer_parameters + cost.head_parameters) * 2 / 3e12 * 1e3
     decode = cost.step_ms(StepShape(0, 1, 100, 0, 1))
     assert decode == pytest.approx(weight_ms, rel=0.01)  # one token: streaming the weights is all
     prefill = StepShape(8192, 0, 0, 8192 * 8193 // 2, 1)
-    flops_ms = (2 * cost.layer_parameters * 8192 + 2 * cost.head_parameters
-                + cost.attention_flops_per_pair * prefill.prefill_attention_pairs) / 1e15 * 1e3
+    flops_ms = (
+        (
+            2 * cost.layer_parameters * 8192
+            + 2 * cost.head_parameters
+            + cost.attention_flops_per_pair * prefill.prefill_attention_pairs
+        )
+        / 1e15
+        * 1e3
+    )
     assert cost.step_ms(prefill) == pytest.approx(flops_ms, rel=1e-9)
     assert flops_ms > weight_ms
 

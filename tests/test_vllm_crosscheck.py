@@ -45,18 +45,28 @@ def course_server_url(tmp_path_factory):
 
 
 def vllm_bench(url, model_folder, result_dir, name, **kwargs):
-    return run_vllm_bench(url, "tiny", model_folder, result_dir, name, num_prompts=NUM_PROMPTS, input_len=INPUT_LEN,
-                          output_len=OUTPUT_LEN, max_concurrency=CONCURRENCY, **kwargs)
+    return run_vllm_bench(
+        url,
+        "tiny",
+        model_folder,
+        result_dir,
+        name,
+        num_prompts=NUM_PROMPTS,
+        input_len=INPUT_LEN,
+        output_len=OUTPUT_LEN,
+        max_concurrency=CONCURRENCY,
+        **kwargs,
+    )
 
 
-def test_vllm_bench_serve_against_the_course_server_agrees_with_the_course_client(course_server_url, model_folder,
-                                                                                   tiny, tmp_path):
+def test_vllm_bench_serve_against_the_course_server_agrees_with_the_course_client(
+    course_server_url, model_folder, tiny, tmp_path
+):
     workload = workload_for_model(tiny.config, NUM_PROMPTS, INPUT_LEN, OUTPUT_LEN)
     theirs, ours = [], []
     for round_ in range(ROUNDS):  # interleaved, so that a slow spell of the machine hits both clients
         theirs.append(vllm_bench(course_server_url, model_folder, tmp_path, f"vllm_client_{round_}"))
-        ours.append(run_benchmark(course_server_url, "tiny", workload, max_concurrency=CONCURRENCY,
-                                  progress=False)[0])
+        ours.append(run_benchmark(course_server_url, "tiny", workload, max_concurrency=CONCURRENCY, progress=False)[0])
     for result in theirs:
         assert result["failed"] == 0 and result["completed"] == NUM_PROMPTS
         assert result["total_output_tokens"] == NUM_PROMPTS * OUTPUT_LEN
@@ -64,7 +74,8 @@ def test_vllm_bench_serve_against_the_course_server_agrees_with_the_course_clien
         theirs_best = max(r[key] for r in theirs) if "throughput" in key else min(r[key] for r in theirs)
         ours_best = max(r[key] for r in ours) if "throughput" in key else min(r[key] for r in ours)
         assert math.isclose(ours_best, theirs_best, rel_tol=AGREEMENT), (
-            f"{key}: course client {ours_best:.2f}, vLLM's client {theirs_best:.2f} (each the best of {ROUNDS} runs)")
+            f"{key}: course client {ours_best:.2f}, vLLM's client {theirs_best:.2f} (each the best of {ROUNDS} runs)"
+        )
 
 
 def test_the_course_client_against_vllms_server(model_folder, tiny, tmp_path):

@@ -23,8 +23,9 @@ def test_send_times_follow_the_rate_and_burstiness_and_end_at_n_over_rate():
 def test_a_seed_gives_one_schedule():
     assert arrival_offsets(50, 8.0, seed=3) == arrival_offsets(50, 8.0, seed=3)
     assert arrival_offsets(50, 8.0, seed=3) != arrival_offsets(50, 8.0, seed=4)
-    assert arrival_offsets(3, 1.0, seed=0) == pytest.approx([1.1864, 2.9654, 3.0], abs=1e-3), \
+    assert arrival_offsets(3, 1.0, seed=0) == pytest.approx([1.1864, 2.9654, 3.0], abs=1e-3), (
         "the seeded schedule changed: results that quote a seed would no longer be reproducible"
+    )
 
 
 @pytest.mark.parametrize("bad", [{"request_rate": 0}, {"request_rate": 1.0, "burstiness": 0}, {"num_requests": 0}])

@@ -35,8 +35,12 @@ LAB02_MISTAKES["kv-cache"] = [
         self.v[layer][seq_id, :, start:end] = v[:, : end - start]""",
     """        return self.k[layer][seq_id, :, :end], self.v[layer][seq_id, :, :end]""",
 ]
-LAB02_CHECK_OF_TASK = {"kv-cache": "check-kv-cache", "cached-loop": "check-cached-loop", "kv-bytes": "check-kv-bytes",
-                       "concurrency": "check-concurrency"}
+LAB02_CHECK_OF_TASK = {
+    "kv-cache": "check-kv-cache",
+    "cached-loop": "check-cached-loop",
+    "kv-bytes": "check-kv-bytes",
+    "concurrency": "check-concurrency",
+}
 
 
 def test_lab02_wrong_answers_fail_exactly_their_checks(tmp_path):

@@ -33,8 +33,12 @@ LAB03_MISTAKES = {
     return good / duration""",
     "grid": "my_grid = BenchmarkGrid(input_lens=(512, 2048), output_lens=(64,), concurrency=(1, 2, 4, 8, 16, 32), num_prompts=32)",
 }
-LAB03_CHECK_OF_TASK = {"latencies": "check-latencies", "serving-metrics": "check-serving-metrics",
-                       "goodput": "check-goodput", "grid": "check-grid"}
+LAB03_CHECK_OF_TASK = {
+    "latencies": "check-latencies",
+    "serving-metrics": "check-serving-metrics",
+    "goodput": "check-goodput",
+    "grid": "check-grid",
+}
 
 
 def test_lab03_wrong_answers_fail_exactly_their_checks(tmp_path):

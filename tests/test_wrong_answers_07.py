@@ -10,9 +10,12 @@ from tests.notebook_files import REPO_ROOT
 
 
 def timing_of(send_time, chunk_times, tokens):
-    return {"ttft_ms": (chunk_times[0] - send_time) * 1e3,
-            "itl_ms": [(b - a) * 1e3 for a, b in zip(chunk_times, chunk_times[1:])],
-            "e2el_ms": (chunk_times[-1] - send_time) * 1e3, "completion_tokens": tokens}
+    return {
+        "ttft_ms": (chunk_times[0] - send_time) * 1e3,
+        "itl_ms": [(b - a) * 1e3 for a, b in zip(chunk_times, chunk_times[1:])],
+        "e2el_ms": (chunk_times[-1] - send_time) * 1e3,
+        "completion_tokens": tokens,
+    }
 
 
 def usage_tokens(events):
@@ -44,8 +47,10 @@ def counts_chunks_as_tokens(send_time, events):
 
 def ttft_from_the_first_line(send_time, events):
     times = chunks(events, lambda m: bool(m.get("choices")))
-    return {**timing_of(send_time, times, usage_tokens(events) or len(times)),
-            "ttft_ms": (events[0][0] - send_time) * 1e3}
+    return {
+        **timing_of(send_time, times, usage_tokens(events) or len(times)),
+        "ttft_ms": (events[0][0] - send_time) * 1e3,
+    }
 
 
 def times_every_line(send_time, events):
@@ -64,15 +69,18 @@ def reads_usage_only(send_time, events):
     return timing_of(send_time, times, usage_tokens(events))  # None without a usage message
 
 
-@pytest.mark.parametrize("shortcut,named", [
-    (counts_the_usage_message, "the usage message (empty `choices`) was counted as an output chunk"),
-    (skips_empty_text, "a chunk with empty text was skipped"),
-    (counts_chunks_as_tokens, "completion_tokens counts the chunks"),
-    (ttft_from_the_first_line, "TTFT was taken at the first line of the stream"),
-    (times_every_line, "the lines were timed, not the chunks"),
-    (in_seconds, "ttft_ms looks like seconds"),
-    (reads_usage_only, "completion_tokens: expected a number, got None"),
-])
+@pytest.mark.parametrize(
+    "shortcut,named",
+    [
+        (counts_the_usage_message, "the usage message (empty `choices`) was counted as an output chunk"),
+        (skips_empty_text, "a chunk with empty text was skipped"),
+        (counts_chunks_as_tokens, "completion_tokens counts the chunks"),
+        (ttft_from_the_first_line, "TTFT was taken at the first line of the stream"),
+        (times_every_line, "the lines were timed, not the chunks"),
+        (in_seconds, "ttft_ms looks like seconds"),
+        (reads_usage_only, "completion_tokens: expected a number, got None"),
+    ],
+)
 def test_each_shortcut_fails_with_its_name(shortcut, named):
     verdict = grade_stream_timing(shortcut)
     assert not verdict.ok and named in verdict.reason, verdict.line
@@ -82,8 +90,10 @@ def test_a_right_answer_passes_and_the_librarys_is_refused():
     from infer.course.exercises.week07 import reference_timing
 
     right = lambda send_time, events: timing_of(  # noqa: E731
-        send_time, chunks(events, lambda m: bool(m.get("choices"))),
-        usage_tokens(events) or len(chunks(events, lambda m: bool(m.get("choices")))))
+        send_time,
+        chunks(events, lambda m: bool(m.get("choices"))),
+        usage_tokens(events) or len(chunks(events, lambda m: bool(m.get("choices")))),
+    )
     assert grade_stream_timing(right).ok
     assert "course library's own" in grade_stream_timing(reference_timing).reason
 

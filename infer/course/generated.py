@@ -1,8 +1,8 @@
 """Files the course generates from its sources (labs from solutions, answer keys from the solutions'
 answers): write the ones that changed, or, when checking, list the stale ones and fail."""
 
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Iterable
 
 
 def write_or_report_stale(generated: Iterable[tuple[Path, str]], check: bool, regenerate: str) -> int:

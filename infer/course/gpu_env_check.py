@@ -22,9 +22,11 @@ import json
 import re
 import subprocess
 import sys
-import tomllib
 from dataclasses import dataclass
 from pathlib import Path
+
+import tomllib
+
 from infer.paths import REPO_ROOT
 
 COURSE_EXTRAS = ("test", "site", "lab")  # what environment.yml installs with the project
@@ -85,27 +87,45 @@ def judge(name: str, versions: dict[str, str], *, expect_vllm: str | None = None
 def resolve(name: str, requirements: list[str], report_path: Path, *, expect_vllm: str | None = None) -> Resolution:
     """Ask pip to resolve `requirements` for this Python and platform, installing nothing."""
     report_path.parent.mkdir(parents=True, exist_ok=True)
-    command = [sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed", "--quiet",
-               "--report", str(report_path), *requirements]
+    command = [
+        sys.executable,
+        "-m",
+        "pip",
+        "install",
+        "--dry-run",
+        "--ignore-installed",
+        "--quiet",
+        "--report",
+        str(report_path),
+        *requirements,
+    ]
     done = subprocess.run(command, capture_output=True, text=True)
     if done.returncode != 0:
-        errors = [line for line in done.stderr.splitlines() if line.startswith("ERROR")] or done.stderr.splitlines()[-3:]
+        errors = [line for line in done.stderr.splitlines() if line.startswith("ERROR")] or done.stderr.splitlines()[
+            -3:
+        ]
         return Resolution(name, {}, (f"pip could not resolve it: {' / '.join(errors)[:600]}",))
     return judge(name, resolved_versions(json.loads(report_path.read_text())), expect_vllm=expect_vllm)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--vllm", required=True, help="the pinned CUDA vLLM, e.g. vllm==0.33.0 (the Makefile's VLLM_CUDA)")
+    parser.add_argument(
+        "--vllm", required=True, help="the pinned CUDA vLLM, e.g. vllm==0.33.0 (the Makefile's VLLM_CUDA)"
+    )
     parser.add_argument("--out", type=Path, default=REPO_ROOT / "_build" / "gpu-env", help="where pip's reports go")
     args = parser.parse_args(argv)
     if "==" not in args.vllm:
         parser.error(f"--vllm must pin one version (vllm==X.Y.Z), not {args.vllm!r}: a range lets pip backtrack")
-    print(f"Resolving for Python {sys.version.split()[0]} on {sys.platform} (installs nothing; takes minutes)", flush=True)
-    results = [resolve("course environment (environment.yml)", [*course_requirements(), "torch"],
-                       args.out / "course.json"),
-               resolve(f"vLLM environment (.venv-vllm: {args.vllm})", [args.vllm], args.out / "vllm.json",
-                       expect_vllm=args.vllm)]
+    print(
+        f"Resolving for Python {sys.version.split()[0]} on {sys.platform} (installs nothing; takes minutes)", flush=True
+    )
+    results = [
+        resolve("course environment (environment.yml)", [*course_requirements(), "torch"], args.out / "course.json"),
+        resolve(
+            f"vLLM environment (.venv-vllm: {args.vllm})", [args.vllm], args.out / "vllm.json", expect_vllm=args.vllm
+        ),
+    ]
     for result in results:
         print(result.line)
     print(f"pip's full reports: {args.out}")

@@ -63,7 +63,6 @@ from tqdm import tqdm
 from infer.course.labgen import CHECK_MARK, END
 from infer.paths import REPO_ROOT
 
-
 GRADEBOOK_CSV, GRADEBOOK_JSON, GRADED_DIR = "gradebook.csv", "gradebook.json", "graded"
 CELL_TIMEOUT_S, NOTEBOOK_TIMEOUT_S = 300, 1200
 QID_IN_LINE = re.compile(r"^(?:✅|❌)\s+([^\s:]+)")
@@ -151,7 +150,7 @@ def trusted_part(source: str) -> str:
     """What runs as the check: the lines after the cell's last solution block, or the whole cell."""
     lines = source.split("\n")
     ends = [i for i, line in enumerate(lines) if line.strip() == END]
-    tail = lines[ends[-1] + 1:] if ends else lines
+    tail = lines[ends[-1] + 1 :] if ends else lines
     return "\n".join(line for line in tail if CHECK_MARK not in line).strip("\n")
 
 
@@ -163,8 +162,11 @@ def student_part(source: str, trusted: str) -> str:
 
 
 def printed_line(cell) -> str:
-    return "".join(o.get("text", "") for o in cell.get("outputs", [])
-                   if o.get("output_type") == "stream" and o.get("name") == "stdout").strip()
+    return "".join(
+        o.get("text", "")
+        for o in cell.get("outputs", [])
+        if o.get("output_type") == "stream" and o.get("name") == "stdout"
+    ).strip()
 
 
 def course_imports(notebook) -> dict:
@@ -197,8 +199,10 @@ def load_key(lab_path: Path, solution_path: Path) -> GradingKey:
         if CHECK_MARK in solution_cell.source:
             check = _check_from(solution_cell, solution_path.name)
             if check.check_id in seen_ids:
-                raise GradingKeyError(f"{solution_path.name}: two checks have the id {check.check_id!r}; "
-                                      "give one a grade.id in its cell metadata")
+                raise GradingKeyError(
+                    f"{solution_path.name}: two checks have the id {check.check_id!r}; "
+                    "give one a grade.id in its cell metadata"
+                )
             seen_ids.add(check.check_id)
         cells.append(LabCell(lab_cell.id, lab_cell.source, check))
     if not seen_ids:
@@ -210,8 +214,10 @@ def _check_from(cell, notebook_name: str) -> Check:
     where = f"{notebook_name}, check cell {cell.id!r}"
     expected = printed_line(cell)
     if not expected or "\n" in expected:
-        raise GradingKeyError(f"{where}: expected one printed line in its outputs, found {expected!r}; "
-                              "execute the solution (make notebooks)")
+        raise GradingKeyError(
+            f"{where}: expected one printed line in its outputs, found {expected!r}; "
+            "execute the solution (make notebooks)"
+        )
     if not expected.startswith("✅"):
         raise GradingKeyError(f"{where}: the solution's own line is not a pass: {expected!r}")
     grade = cell.metadata.get("grade", {})
@@ -237,10 +243,12 @@ def fresh_import_source(trusted: str, fresh_imports: dict) -> str:
     needed = sorted(name for name in used if name in fresh_imports)
     if not needed:
         return ""
-    lines = ["import sys as _grader_sys",
-             f"for _grader_module in [m for m in _grader_sys.modules if m == {COURSE_PACKAGE!r} "
-             f"or m.startswith({COURSE_PACKAGE + '.'!r})]:",
-             "    del _grader_sys.modules[_grader_module]"]
+    lines = [
+        "import sys as _grader_sys",
+        f"for _grader_module in [m for m in _grader_sys.modules if m == {COURSE_PACKAGE!r} "
+        f"or m.startswith({COURSE_PACKAGE + '.'!r})]:",
+        "    del _grader_sys.modules[_grader_module]",
+    ]
     lines += [f"from {fresh_imports[name]} import {name}" for name in needed]
     return "\n".join(lines)
 
@@ -276,13 +284,24 @@ def assemble(key: GradingKey, submission) -> tuple[nbformat.NotebookNode, int]:
             add(student_part(source, check.trusted_source), origin, cell_id=lab_cell.cell_id)
             preamble = fresh_import_source(check.trusted_source, key.fresh_imports)
             checked = "\n".join(part for part in (f"# {CHECK_MARK}", preamble, check.trusted_source) if part)
-            cells.append(nbformat.v4.new_code_cell(checked, metadata={
-                "grader": {"role": "check", "cell_id": lab_cell.cell_id, "check_id": check.check_id,
-                           "expected": check.expected_line}}))
+            cells.append(
+                nbformat.v4.new_code_cell(
+                    checked,
+                    metadata={
+                        "grader": {
+                            "role": "check",
+                            "cell_id": lab_cell.cell_id,
+                            "check_id": check.check_id,
+                            "expected": check.expected_line,
+                        }
+                    },
+                )
+            )
         for added in added_after.get(lab_cell.cell_id, []):
             add(added, "student, added")
-    notebook = nbformat.v4.new_notebook(cells=cells, metadata={
-        "kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}})
+    notebook = nbformat.v4.new_notebook(
+        cells=cells, metadata={"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}}
+    )
     return notebook, len(student_cells)
 
 
@@ -313,10 +332,14 @@ def read_submission(path: Path):
 
 def run_cells(notebook, workdir: Path, limits: Limits) -> tuple[str, str]:
     """Execute the notebook's cells in a fresh kernel: (status, reason), outputs stored in place."""
-    client = NotebookClient(notebook, kernel_name="python3", allow_errors=True, shutdown_kernel="immediate",
-                            resources={"metadata": {"path": str(workdir)}})
-    env = os.environ | {"INFER_FIGURES_DIR": str(workdir / "figures"),
-                        "INFER_RESULTS_DIR": str(workdir / "results")}
+    client = NotebookClient(
+        notebook,
+        kernel_name="python3",
+        allow_errors=True,
+        shutdown_kernel="immediate",
+        resources={"metadata": {"path": str(workdir)}},
+    )
+    env = os.environ | {"INFER_FIGURES_DIR": str(workdir / "figures"), "INFER_RESULTS_DIR": str(workdir / "results")}
     with client.setup_kernel(env=env):
         deadline = time.monotonic() + limits.notebook_s  # from a started kernel: its start is not the student's
         for index, cell in enumerate(notebook.cells):
@@ -328,8 +351,9 @@ def run_cells(notebook, workdir: Path, limits: Limits) -> tuple[str, str]:
             try:
                 client.execute_cell(cell, index)
             except CellTimeoutError:
-                limit = ("the cell time limit" if limits.cell_s <= left
-                         else "the notebook's time limit") + f" ({client.timeout} s)"
+                limit = (
+                    "the cell time limit" if limits.cell_s <= left else "the notebook's time limit"
+                ) + f" ({client.timeout} s)"
                 return TIMED_OUT, f"{where} ran past {limit}"
             except DeadKernelError:
                 return KERNEL_DIED, f"the kernel died in {where}"
@@ -346,8 +370,11 @@ def _describe(cell) -> str:
 
 
 def score_checks(key: GradingKey, notebook, stopped: str) -> list[CheckResult]:
-    ran = {cell.metadata["grader"]["check_id"]: cell for cell in notebook.cells
-           if cell.metadata["grader"]["role"] == "check" and cell.get("execution_count")}
+    ran = {
+        cell.metadata["grader"]["check_id"]: cell
+        for cell in notebook.cells
+        if cell.metadata["grader"]["role"] == "check" and cell.get("execution_count")
+    }
     results = []
     for check in key.checks:
         result = CheckResult(check.check_id, check.points)
@@ -385,7 +412,9 @@ def grade_submission(path: Path, key: GradingKey, limits: Limits, graded_dir: Pa
         return result
     notebook, matched = assemble(key, submission)
     if matched == 0:
-        result.reason = "no cell id matches the lab's: was this notebook started from the lab? (every cell is the lab's)"
+        result.reason = (
+            "no cell id matches the lab's: was this notebook started from the lab? (every cell is the lab's)"
+        )
     try:
         with tempfile.TemporaryDirectory(prefix=f"grade-{path.stem}-") as workdir:
             status, stopped = run_cells(notebook, Path(workdir), limits)
@@ -406,12 +435,12 @@ def grade_submission(path: Path, key: GradingKey, limits: Limits, graded_dir: Pa
 
 def submission_files(folder: Path) -> list[Path]:
     written = {GRADEBOOK_CSV, GRADEBOOK_JSON}
-    return sorted(p for p in folder.iterdir()
-                  if p.is_file() and not p.name.startswith(".") and p.name not in written)
+    return sorted(p for p in folder.iterdir() if p.is_file() and not p.name.startswith(".") and p.name not in written)
 
 
-def grade_folder(number: str, folder: Path, jobs: int = 1, limits: Limits = Limits(),
-                 root: Path = REPO_ROOT, progress: bool = True) -> list[SubmissionResult]:
+def grade_folder(
+    number: str, folder: Path, jobs: int = 1, limits: Limits = Limits(), root: Path = REPO_ROOT, progress: bool = True
+) -> list[SubmissionResult]:
     folder = Path(folder)
     if not folder.is_dir():
         raise ValueError(f"SUBMISSIONS must be a folder, got {folder}")
@@ -423,10 +452,13 @@ def grade_folder(number: str, folder: Path, jobs: int = 1, limits: Limits = Limi
     # Separate processes: each drives its own kernel, and one that goes wrong stays alone.
     with ProcessPoolExecutor(max_workers=max(1, jobs), mp_context=get_context("spawn")) as pool:
         futures = [pool.submit(grade_submission, path, key, limits, graded_dir) for path in files]
-        results = [future.result() for future in tqdm(futures, desc=f"grading {key.lab}", unit="notebook",
-                                                       disable=not progress)]
-    write_gradebook(folder, key, results, solution_path.relative_to(root) if solution_path.is_relative_to(root)
-                    else solution_path)
+        results = [
+            future.result()
+            for future in tqdm(futures, desc=f"grading {key.lab}", unit="notebook", disable=not progress)
+        ]
+    write_gradebook(
+        folder, key, results, solution_path.relative_to(root) if solution_path.is_relative_to(root) else solution_path
+    )
     return results
 
 
@@ -441,15 +473,24 @@ def write_gradebook(folder: Path, key: GradingKey, results: list[SubmissionResul
         writer.writerow(["student", "score", "max_score", "status", *check_ids])
         for result in sorted(results, key=lambda r: (r.student, r.file)):
             earned = {c.check_id: c.earned for c in result.checks}
-            writer.writerow([result.student, _number(result.score), _number(result.max_score), result.status,
-                             *(_number(earned[i]) for i in check_ids)])
+            writer.writerow(
+                [
+                    result.student,
+                    _number(result.score),
+                    _number(result.max_score),
+                    result.status,
+                    *(_number(earned[i]) for i in check_ids),
+                ]
+            )
     book = {
         "lab": key.lab,
         "key": str(solution),
         "graded_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "max_score": _number(key.max_score),
-        "checks": [{"id": c.check_id, "cell_id": c.cell_id, "points": _number(c.points),
-                    "expected": c.expected_line} for c in key.checks],
+        "checks": [
+            {"id": c.check_id, "cell_id": c.cell_id, "points": _number(c.points), "expected": c.expected_line}
+            for c in key.checks
+        ],
         "submissions": [asdict(r) for r in sorted(results, key=lambda r: (r.student, r.file))],
     }
     (folder / GRADEBOOK_JSON).write_text(json.dumps(book, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
@@ -461,8 +502,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("submissions", type=Path, help="folder of <student>.ipynb files")
     parser.add_argument("-j", "--jobs", type=int, default=1, help="submissions graded at once (default 1)")
     parser.add_argument("--cell-timeout", type=float, default=CELL_TIMEOUT_S, help="seconds per cell")
-    parser.add_argument("--notebook-timeout", type=float, default=NOTEBOOK_TIMEOUT_S,
-                        help="seconds per submission")
+    parser.add_argument("--notebook-timeout", type=float, default=NOTEBOOK_TIMEOUT_S, help="seconds per submission")
     args = parser.parse_args(argv)
     try:
         results = grade_folder(args.lab, args.submissions, args.jobs, Limits(args.cell_timeout, args.notebook_timeout))
@@ -470,8 +510,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"grade: {error}", file=sys.stderr)
         return 2
     for r in sorted(results, key=lambda r: r.student):
-        print(f"{r.student:24} {_number(r.score):>5} / {_number(r.max_score):<5} {r.status}"
-              + (f": {r.reason}" if r.reason else ""))
+        print(
+            f"{r.student:24} {_number(r.score):>5} / {_number(r.max_score):<5} {r.status}"
+            + (f": {r.reason}" if r.reason else "")
+        )
     print(f"wrote {args.submissions / GRADEBOOK_CSV} and {args.submissions / GRADEBOOK_JSON}")
     return 0
 

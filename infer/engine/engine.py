@@ -12,7 +12,7 @@ other threads while one background thread calls `step` (week 07).
 import itertools
 import numbers
 import threading
-from typing import Sequence as Seq
+from collections.abc import Sequence as Seq
 
 import torch
 from tqdm.auto import tqdm
@@ -28,10 +28,20 @@ from infer.engine.step_record import StepRecord, step_items
 
 
 class Engine:
-    def __init__(self, model, policy: str | Policy = "continuous", max_num_seqs: int = 32,
-                 max_num_batched_tokens: int = 2048, max_model_len: int = 2048, *,
-                 kv_store: str | KVStore = "slots", num_kv_blocks: int | None = None, block_size: int = 16,
-                 enable_prefix_caching: bool = False, log_steps: bool = False):
+    def __init__(
+        self,
+        model,
+        policy: str | Policy = "continuous",
+        max_num_seqs: int = 32,
+        max_num_batched_tokens: int = 2048,
+        max_model_len: int = 2048,
+        *,
+        kv_store: str | KVStore = "slots",
+        num_kv_blocks: int | None = None,
+        block_size: int = 16,
+        enable_prefix_caching: bool = False,
+        log_steps: bool = False,
+    ):
         """kv_store: "slots" (one slot of max_model_len per sequence, weeks 05-07), "paged" (week 08:
         `num_kv_blocks` blocks of `block_size` positions, by default as much memory as the slots
         would take; optionally with prefix caching), or a store of your own."""
@@ -40,21 +50,46 @@ class Engine:
             kv_store = SlotKVStore.for_model(model, max_num_seqs, max_model_len)
         elif kv_store == "paged":
             num_kv_blocks = num_kv_blocks or max_num_seqs * -(-max_model_len // block_size)
-            kv_store = PagedKVStore.for_model(model, num_kv_blocks, block_size,
-                                              enable_prefix_caching=enable_prefix_caching)
+            kv_store = PagedKVStore.for_model(
+                model, num_kv_blocks, block_size, enable_prefix_caching=enable_prefix_caching
+            )
         elif isinstance(kv_store, str):
             raise ValueError(f"unknown kv_store {kv_store!r}; valid: 'slots', 'paged', or a KVStore object")
         sampler = Sampler(model.embed.weight.device)
         eos = model.config.eos_token_id
         eos_ids = set() if eos is None else set(eos) if isinstance(eos, (list, tuple)) else {eos}
-        self.assemble(policy, Limits(max_num_seqs, max_num_batched_tokens), max_model_len, kv_store, sampler,
-                      ModelRunner(model, kv_store, sampler), eos_ids, model.arch.vocab_size, WallClock(), log_steps)
+        self.assemble(
+            policy,
+            Limits(max_num_seqs, max_num_batched_tokens),
+            max_model_len,
+            kv_store,
+            sampler,
+            ModelRunner(model, kv_store, sampler),
+            eos_ids,
+            model.arch.vocab_size,
+            WallClock(),
+            log_steps,
+        )
 
-    def assemble(self, policy: str | Policy, limits: Limits, max_model_len: int, kv_store: KVStore, sampler: Sampler,
-                 runner, eos_ids: set[int], vocab_size: int, clock, log_steps: bool) -> None:
+    def assemble(
+        self,
+        policy: str | Policy,
+        limits: Limits,
+        max_model_len: int,
+        kv_store: KVStore,
+        sampler: Sampler,
+        runner,
+        eos_ids: set[int],
+        vocab_size: int,
+        clock,
+        log_steps: bool,
+    ) -> None:
         """The parts every engine has; the simulator assembles the same ones around a cost model."""
-        for name, value in (("max_num_seqs", limits.max_num_seqs),
-                            ("max_num_batched_tokens", limits.max_num_batched_tokens), ("max_model_len", max_model_len)):
+        for name, value in (
+            ("max_num_seqs", limits.max_num_seqs),
+            ("max_num_batched_tokens", limits.max_num_batched_tokens),
+            ("max_model_len", max_model_len),
+        ):
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
         self.policy = make_policy(policy) if isinstance(policy, str) else policy
@@ -69,8 +104,14 @@ class Engine:
 
     # ------------------------------------------------------------ requests in
 
-    def add_request(self, prompt_token_ids: Seq[int] | torch.Tensor, params: SamplingParams | None = None, *,
-                    request_id: str | None = None, arrival_time: float | None = None) -> str:
+    def add_request(
+        self,
+        prompt_token_ids: Seq[int] | torch.Tensor,
+        params: SamplingParams | None = None,
+        *,
+        request_id: str | None = None,
+        arrival_time: float | None = None,
+    ) -> str:
         """Queue one request and return its id; bad input raises ValueError and changes nothing."""
         params = params or SamplingParams()
         prompt = self._checked_prompt(prompt_token_ids)
@@ -98,8 +139,10 @@ class Engine:
         prompt = [int(t) for t in prompt]  # numpy and torch integers become plain ints
         bad = [t for t in prompt if not 0 <= t < self.vocab_size]
         if bad:
-            raise ValueError(f"token id {bad[0]!r} is out of vocabulary: ids must be integers in "
-                             f"[0, {self.vocab_size}) (vocab_size={self.vocab_size})")
+            raise ValueError(
+                f"token id {bad[0]!r} is out of vocabulary: ids must be integers in "
+                f"[0, {self.vocab_size}) (vocab_size={self.vocab_size})"
+            )
         return prompt
 
     def _new_request_id(self, request_id: str | None) -> str:
@@ -111,16 +154,22 @@ class Engine:
 
     def _check_lengths(self, prompt_len: int, params: SamplingParams) -> None:
         if prompt_len + params.max_tokens > self.max_model_len:
-            raise ValueError(f"This model's maximum context length is {self.max_model_len} tokens. However, you "
-                             f"requested {prompt_len + params.max_tokens} tokens ({prompt_len} in the prompt, "
-                             f"{params.max_tokens} for the completion). Please reduce the prompt or max_tokens.")
+            raise ValueError(
+                f"This model's maximum context length is {self.max_model_len} tokens. However, you "
+                f"requested {prompt_len + params.max_tokens} tokens ({prompt_len} in the prompt, "
+                f"{params.max_tokens} for the completion). Please reduce the prompt or max_tokens."
+            )
         if not self.kv_store.fits(prompt_len + params.max_tokens):
-            raise ValueError(f"{prompt_len} prompt + {params.max_tokens} output tokens can never fit in this "
-                             f"engine's KV store, even alone: give it more room, or ask for fewer tokens")
+            raise ValueError(
+                f"{prompt_len} prompt + {params.max_tokens} output tokens can never fit in this "
+                f"engine's KV store, even alone: give it more room, or ask for fewer tokens"
+            )
         if prompt_len > self.limits.max_num_batched_tokens and not self.policy.splits_prompts:
-            raise ValueError(f"the prompt has {prompt_len} tokens, more than max_num_batched_tokens="
-                             f"{self.limits.max_num_batched_tokens}: policy {self.policy.name!r} prefills a "
-                             f"whole prompt in one step (a chunked policy would split it)")
+            raise ValueError(
+                f"the prompt has {prompt_len} tokens, more than max_num_batched_tokens="
+                f"{self.limits.max_num_batched_tokens}: policy {self.policy.name!r} prefills a "
+                f"whole prompt in one step (a chunked policy would split it)"
+            )
 
     def abort(self, request_id: str) -> None:
         """Drop an unfinished request and free its KV room at once; unknown or finished ids are ignored."""
@@ -177,12 +226,19 @@ class Engine:
             self.num_steps += 1
             return outputs
 
-    def generate(self, prompts: Seq[Seq[int]], params: SamplingParams | Seq[SamplingParams] | None = None, *,
-                 progress: bool = True) -> list[CompletionResult]:
+    def generate(
+        self,
+        prompts: Seq[Seq[int]],
+        params: SamplingParams | Seq[SamplingParams] | None = None,
+        *,
+        progress: bool = True,
+    ) -> list[CompletionResult]:
         """Offline batch generation: queue every prompt, step until all finish, return results in input order."""
         params_list = list(params) if isinstance(params, (list, tuple)) else [params] * len(prompts)
         if len(params_list) != len(prompts):
-            raise ValueError(f"{len(params_list)} SamplingParams for {len(prompts)} prompts: give one, or one per prompt")
+            raise ValueError(
+                f"{len(params_list)} SamplingParams for {len(prompts)} prompts: give one, or one per prompt"
+            )
         ids = [self.add_request(p, sp) for p, sp in zip(prompts, params_list)]
         prompt_ids = {rid: self.requests[rid].prompt_token_ids for rid in ids}
         tokens = {rid: [] for rid in ids}

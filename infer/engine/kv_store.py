@@ -50,8 +50,10 @@ class SlotKVStore:
 
     def __init__(self, max_num_seqs: int, max_model_len: int, cache: KVCache | None = None):
         if cache is not None and (cache.max_seqs, cache.max_len) != (max_num_seqs, max_model_len):
-            raise ValueError(f"the cache holds {cache.max_seqs} slots of {cache.max_len} positions, "
-                             f"not {max_num_seqs} of {max_model_len}")
+            raise ValueError(
+                f"the cache holds {cache.max_seqs} slots of {cache.max_len} positions, "
+                f"not {max_num_seqs} of {max_model_len}"
+            )
         self.cache, self.block_size, self.num_slots = cache, max_model_len, max_num_seqs
         self.free_slots = list(range(max_num_seqs))  # a heap: heappop hands out the lowest slot
         self.owner: dict[int, str] = {}  # slot -> request id, to catch a double free

@@ -38,8 +38,12 @@ def flatten(work: list[Work], device: torch.device | str, *, with_slots: bool = 
             seq_ids += [item.seq.slot] * item.num_tokens
         if item.samples:
             logits_rows.append(len(token_ids) - 1)
-    return FlatBatch(torch.tensor(token_ids, device=device), torch.tensor(positions, device="cpu"),
-                     torch.tensor(seq_ids, device="cpu"), torch.tensor(logits_rows, dtype=torch.long, device="cpu"))
+    return FlatBatch(
+        torch.tensor(token_ids, device=device),
+        torch.tensor(positions, device="cpu"),
+        torch.tensor(seq_ids, device="cpu"),
+        torch.tensor(logits_rows, dtype=torch.long, device="cpu"),
+    )
 
 
 def step_runs(work: list[Work]) -> list[SeqRun]:

@@ -30,13 +30,21 @@ class Block:
 
 
 class PagedKVStore:
-    def __init__(self, num_blocks: int, block_size: int = 16, cache: KVCache | None = None, *,
-                 enable_prefix_caching: bool = False):
+    def __init__(
+        self,
+        num_blocks: int,
+        block_size: int = 16,
+        cache: KVCache | None = None,
+        *,
+        enable_prefix_caching: bool = False,
+    ):
         if num_blocks < 1 or block_size < 1:
             raise ValueError(f"num_blocks and block_size must be >= 1, got {num_blocks} and {block_size}")
         if cache is not None and (cache.max_seqs, cache.max_len) != (num_blocks, block_size):
-            raise ValueError(f"the cache holds {cache.max_seqs} blocks of {cache.max_len} positions, "
-                             f"not {num_blocks} of {block_size}")
+            raise ValueError(
+                f"the cache holds {cache.max_seqs} blocks of {cache.max_len} positions, "
+                f"not {num_blocks} of {block_size}"
+            )
         self.cache, self.block_size, self.enable_prefix_caching = cache, block_size, enable_prefix_caching
         self.blocks = [Block(i) for i in range(num_blocks)]
         self.free_blocks: deque[int] = deque(range(num_blocks))  # the head is handed out (and evicted) first

@@ -12,24 +12,32 @@ Time is the engine's clock: the wall clock for the real engine, a virtual one fo
 """
 
 from collections import deque
-from typing import Sequence as Seq
+from collections.abc import Sequence as Seq
 
 from infer.engine.engine import Engine
 from infer.engine.sequence import SamplingParams
 from infer.records import RequestRecord
 
 
-def replay(engine: Engine, prompts: Seq[Seq[int]], params: SamplingParams | Seq[SamplingParams], *,
-           offsets: Seq[float] | None = None, max_concurrency: int | None = None,
-           progress=None) -> list[RequestRecord]:
+def replay(
+    engine: Engine,
+    prompts: Seq[Seq[int]],
+    params: SamplingParams | Seq[SamplingParams],
+    *,
+    offsets: Seq[float] | None = None,
+    max_concurrency: int | None = None,
+    progress=None,
+) -> list[RequestRecord]:
     """Serve `prompts` arriving at `offsets` (seconds; default all at once) with at most
     `max_concurrency` in flight, on an engine with nothing unfinished (request i gets the id
     str(i)). Returns one RequestRecord per prompt, in input order."""
     params_list = list(params) if isinstance(params, (list, tuple)) else [params] * len(prompts)
     offsets = [0.0] * len(prompts) if offsets is None else list(offsets)
     if not len(prompts) == len(params_list) == len(offsets):
-        raise ValueError(f"{len(prompts)} prompts, {len(params_list)} SamplingParams and {len(offsets)} offsets: "
-                         f"give one of each per prompt")
+        raise ValueError(
+            f"{len(prompts)} prompts, {len(params_list)} SamplingParams and {len(offsets)} offsets: "
+            f"give one of each per prompt"
+        )
     if max_concurrency is not None and max_concurrency < 1:
         raise ValueError(f"max_concurrency must be >= 1 or None, got {max_concurrency}")
     limit = max_concurrency or len(prompts)
@@ -49,8 +57,10 @@ def replay(engine: Engine, prompts: Seq[Seq[int]], params: SamplingParams | Seq[
         outputs = engine.step() if in_flight else []
         if engine.num_steps == steps_before:  # nothing could run: wait for the next arrival, if one can come
             if not due or len(in_flight) >= limit:
-                raise RuntimeError(f"policy {engine.policy.name!r} scheduled no work with {len(in_flight)} requests "
-                                   f"unfinished and no arrival to come: the run would never end")
+                raise RuntimeError(
+                    f"policy {engine.policy.name!r} scheduled no work with {len(in_flight)} requests "
+                    f"unfinished and no arrival to come: the run would never end"
+                )
             clock.wait_until(start + offsets[due[0]])
             continue
         done = clock.now()

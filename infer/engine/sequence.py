@@ -94,8 +94,11 @@ class Sequence:
     def token_ids(self, start: int, stop: int) -> list[int]:
         """Tokens start..stop-1 of prompt + output."""
         prompt = self.prompt_token_ids
-        return (prompt[start:stop] if stop <= len(prompt)
-                else prompt[start:] + self.output_token_ids[max(0, start - len(prompt)):stop - len(prompt)])
+        return (
+            prompt[start:stop]
+            if stop <= len(prompt)
+            else prompt[start:] + self.output_token_ids[max(0, start - len(prompt)) : stop - len(prompt)]
+        )
 
 
 @dataclass(frozen=True)

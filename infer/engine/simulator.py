@@ -17,8 +17,8 @@ step per virtual second, and who ran in which slot at every step (week 05's "sch
 """
 
 import math
+from collections.abc import Sequence as Seq
 from dataclasses import dataclass
-from typing import Sequence as Seq
 
 from infer.engine.clock import VirtualClock
 from infer.engine.engine import Engine
@@ -51,12 +51,27 @@ class CostModelRunner:
 
 
 class SimulatedEngine(Engine):
-    def __init__(self, cost_model, policy: str | Policy = "chunked", max_num_seqs: int = 32,
-                 max_num_batched_tokens: int = 2048, max_model_len: int = 2048):
+    def __init__(
+        self,
+        cost_model,
+        policy: str | Policy = "chunked",
+        max_num_seqs: int = 32,
+        max_num_batched_tokens: int = 2048,
+        max_model_len: int = 2048,
+    ):
         clock = VirtualClock()
-        self.assemble(policy, Limits(max_num_seqs, max_num_batched_tokens), max_model_len,
-                      SlotKVStore(max_num_seqs, max_model_len), Sampler("cpu"), CostModelRunner(cost_model, clock),
-                      eos_ids=set(), vocab_size=PLACEHOLDER_TOKEN + 1, clock=clock, log_steps=True)
+        self.assemble(
+            policy,
+            Limits(max_num_seqs, max_num_batched_tokens),
+            max_model_len,
+            SlotKVStore(max_num_seqs, max_model_len),
+            Sampler("cpu"),
+            CostModelRunner(cost_model, clock),
+            eos_ids=set(),
+            vocab_size=PLACEHOLDER_TOKEN + 1,
+            clock=clock,
+            log_steps=True,
+        )
 
 
 @dataclass
@@ -65,16 +80,32 @@ class SimulatedRun:
     steps: list[StepRecord]
 
 
-def simulate(cost_model, prompt_lens: Seq[int], output_lens: Seq[int], *, policy: str | Policy = "chunked",
-             max_num_seqs: int = 32, max_num_batched_tokens: int = 2048, max_model_len: int = 2048,
-             offsets: Seq[float] | None = None, max_concurrency: int | None = None) -> SimulatedRun:
+def simulate(
+    cost_model,
+    prompt_lens: Seq[int],
+    output_lens: Seq[int],
+    *,
+    policy: str | Policy = "chunked",
+    max_num_seqs: int = 32,
+    max_num_batched_tokens: int = 2048,
+    max_model_len: int = 2048,
+    offsets: Seq[float] | None = None,
+    max_concurrency: int | None = None,
+) -> SimulatedRun:
     """Serve requests (prompt and output lengths, arrival `offsets` in seconds, default all at
     once) on a virtual clock that each step advances by `cost_model.step_ms(shape)`."""
     if len(prompt_lens) != len(output_lens):
-        raise ValueError(f"{len(prompt_lens)} prompt lengths and {len(output_lens)} output lengths: give one of each per request")
+        raise ValueError(
+            f"{len(prompt_lens)} prompt lengths and {len(output_lens)} output lengths: give one of each per request"
+        )
     engine = SimulatedEngine(cost_model, policy, max_num_seqs, max_num_batched_tokens, max_model_len)
-    records = replay(engine, [[PLACEHOLDER_TOKEN] * n for n in prompt_lens], [benchmark_params(n) for n in output_lens],
-                     offsets=offsets, max_concurrency=max_concurrency)
+    records = replay(
+        engine,
+        [[PLACEHOLDER_TOKEN] * n for n in prompt_lens],
+        [benchmark_params(n) for n in output_lens],
+        offsets=offsets,
+        max_concurrency=max_concurrency,
+    )
     return SimulatedRun(records, engine.step_log)
 
 
@@ -120,15 +151,26 @@ class TraceRun:
 STEP = FixedStepCost(ms=1000.0)  # one virtual second per step: times are step numbers
 
 
-def run_trace(trace: list[TraceRequest], policy: str | Policy, max_num_seqs: int,
-              max_num_batched_tokens: int) -> TraceRun:
+def run_trace(
+    trace: list[TraceRequest], policy: str | Policy, max_num_seqs: int, max_num_batched_tokens: int
+) -> TraceRun:
     """Step the scheduler over `trace` until every request has finished."""
-    engine = SimulatedEngine(STEP, policy, max_num_seqs, max_num_batched_tokens,
-                             max_model_len=max(r.prompt_len + r.output_len for r in trace))
-    records = replay(engine, [[PLACEHOLDER_TOKEN] * r.prompt_len for r in trace],
-                     [benchmark_params(r.output_len) for r in trace], offsets=[r.arrival_step for r in trace])
+    engine = SimulatedEngine(
+        STEP,
+        policy,
+        max_num_seqs,
+        max_num_batched_tokens,
+        max_model_len=max(r.prompt_len + r.output_len for r in trace),
+    )
+    records = replay(
+        engine,
+        [[PLACEHOLDER_TOKEN] * r.prompt_len for r in trace],
+        [benchmark_params(r.output_len) for r in trace],
+        offsets=[r.arrival_step for r in trace],
+    )
     ran = {round(step.start): step for step in engine.step_log}
     steps = [ran.get(t) or StepRecord(t, t, t + 1, (), 0) for t in range(round(engine.clock.now()))]
     step_of = lambda t: round(t) - 1  # noqa: E731 - a token's time is the end of the step that made it
-    return TraceRun(steps, [step_of(r.chunk_times[0]) for r in records], [step_of(r.chunk_times[-1]) for r in records],
-                    max_num_seqs)
+    return TraceRun(
+        steps, [step_of(r.chunk_times[0]) for r in records], [step_of(r.chunk_times[-1]) for r in records], max_num_seqs
+    )

@@ -25,7 +25,9 @@ FEATURES = ("steps", "prefill_tokens", "decode_seqs", "decode_kv_tokens", "prefi
 
 def features(shape: StepShape) -> np.ndarray:
     """The shape as the linear model's inputs, in FEATURES order (1 for the step's fixed overhead)."""
-    return np.array([1.0, shape.prefill_tokens, shape.decode_seqs, shape.decode_kv_tokens, shape.prefill_attention_pairs])
+    return np.array(
+        [1.0, shape.prefill_tokens, shape.decode_seqs, shape.decode_kv_tokens, shape.prefill_attention_pairs]
+    )
 
 
 @dataclass(frozen=True)
@@ -55,8 +57,10 @@ class LinearStepCost:
         With five features, the non-negative fit is found exactly by trying every subset of
         features and keeping the best fit whose coefficients are all >= 0."""
         if len(shapes) != len(step_ms) or len(shapes) < len(FEATURES):
-            raise ValueError(f"need at least {len(FEATURES)} measured steps with one time each, "
-                             f"got {len(shapes)} shapes and {len(step_ms)} times")
+            raise ValueError(
+                f"need at least {len(FEATURES)} measured steps with one time each, "
+                f"got {len(shapes)} shapes and {len(step_ms)} times"
+            )
         y = np.asarray(step_ms, dtype=float)
         if not np.all(y > 0):
             raise ValueError("step times must be positive milliseconds")
@@ -96,19 +100,31 @@ class RooflineStepCost:
     bytes_per_element: int
 
     @classmethod
-    def for_model(cls, config, bytes_per_element: int, *, device: str, peak_flops: float, bandwidth: float,
-                  overhead_ms: float) -> "RooflineStepCost":
+    def for_model(
+        cls, config, bytes_per_element: int, *, device: str, peak_flops: float, bandwidth: float, overhead_ms: float
+    ) -> "RooflineStepCost":
         a = Arch.from_config(config)
         head = a.hidden_size * a.vocab_size
-        return cls(device, peak_flops, bandwidth, overhead_ms, linear_parameters(config) - head, head,
-                   4 * a.num_layers * a.num_heads * a.head_dim,
-                   kv_token_bytes(a.num_layers, a.num_kv_heads, a.head_dim, bytes_per_element), bytes_per_element)
+        return cls(
+            device,
+            peak_flops,
+            bandwidth,
+            overhead_ms,
+            linear_parameters(config) - head,
+            head,
+            4 * a.num_layers * a.num_heads * a.head_dim,
+            kv_token_bytes(a.num_layers, a.num_kv_heads, a.head_dim, bytes_per_element),
+            bytes_per_element,
+        )
 
     def step_ms(self, shape: StepShape) -> float:
         rows = shape.prefill_tokens + shape.decode_seqs
         pairs = shape.decode_kv_tokens + shape.prefill_attention_pairs
-        flops = 2 * self.layer_parameters * rows + 2 * self.head_parameters * shape.sampled_rows \
+        flops = (
+            2 * self.layer_parameters * rows
+            + 2 * self.head_parameters * shape.sampled_rows
             + self.attention_flops_per_pair * pairs
+        )
         # weights once; the decodes' caches once; each prefill token's K/V written, and its chunk's
         # earlier keys read once per chunk (a fused kernel keeps the chunk's own tile on chip)
         weight_bytes = (self.layer_parameters + self.head_parameters) * self.bytes_per_element
@@ -116,8 +132,10 @@ class RooflineStepCost:
         return self.overhead_ms + 1e3 * max(flops / self.peak_flops, (weight_bytes + kv_bytes) / self.bandwidth)
 
     def assumptions(self) -> str:
-        return (f"roofline of {self.device}: {self.peak_flops / 1e12:.0f} TFLOP/s peak, "
-                f"{self.bandwidth / 1e12:.2f} TB/s, {self.overhead_ms:g} ms per step, every kernel at its roof")
+        return (
+            f"roofline of {self.device}: {self.peak_flops / 1e12:.0f} TFLOP/s peak, "
+            f"{self.bandwidth / 1e12:.2f} TB/s, {self.overhead_ms:g} ms per step, every kernel at its roof"
+        )
 
     def as_dict(self) -> dict:
         return asdict(self)

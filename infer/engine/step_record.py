@@ -37,19 +37,24 @@ class StepShape:
     def of(cls, items: tuple[StepItem, ...]) -> "StepShape":
         prefill = [i for i in items if i.prefill]
         decodes = [i for i in items if not i.prefill]
-        return cls(prefill_tokens=sum(i.num_tokens for i in prefill),
-                   decode_seqs=len(decodes),
-                   decode_kv_tokens=sum(i.start + 1 for i in decodes),
-                   # a chunk of n tokens after `start` cached ones has n*start + n(n+1)/2 pairs
-                   prefill_attention_pairs=sum(i.num_tokens * i.start + i.num_tokens * (i.num_tokens + 1) // 2
-                                               for i in prefill),
-                   sampled_rows=sum(i.samples for i in items))
+        return cls(
+            prefill_tokens=sum(i.num_tokens for i in prefill),
+            decode_seqs=len(decodes),
+            decode_kv_tokens=sum(i.start + 1 for i in decodes),
+            # a chunk of n tokens after `start` cached ones has n*start + n(n+1)/2 pairs
+            prefill_attention_pairs=sum(
+                i.num_tokens * i.start + i.num_tokens * (i.num_tokens + 1) // 2 for i in prefill
+            ),
+            sampled_rows=sum(i.samples for i in items),
+        )
 
 
 def step_items(work: list[Work]) -> tuple[StepItem, ...]:
     """The step's items, read before it runs (running it appends tokens and frees the finished)."""
-    return tuple(StepItem(w.seq.request_id, w.start < w.seq.num_prompt_tokens, w.start, w.num_tokens, w.samples,
-                          w.seq.slot) for w in work)
+    return tuple(
+        StepItem(w.seq.request_id, w.start < w.seq.num_prompt_tokens, w.start, w.num_tokens, w.samples, w.seq.slot)
+        for w in work
+    )
 
 
 @dataclass(frozen=True)
@@ -82,7 +87,7 @@ class StepRecord:
 
     @property
     def kind(self) -> str:
-        """"prefill" if any request computes prompt tokens, "decode" if all decode, "idle" if none runs."""
+        """ "prefill" if any request computes prompt tokens, "decode" if all decode, "idle" if none runs."""
         return "idle" if not self.items else "prefill" if any(item.prefill for item in self.items) else "decode"
 
     @property

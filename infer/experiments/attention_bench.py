@@ -50,18 +50,56 @@ class SweepConfig:
 def sweep_config(profile: Profile) -> SweepConfig:
     """The sweep of a profile: small on CPU (seconds), up to 64k tokens on a GPU."""
     if profile.name == "gpu-check":  # make gpu-check's 10 minutes: the gpu sweep's kernels, three lengths
-        return SweepConfig(seq_lens=(1024, 4096, 16384), batch=1, heads=16, head_dim=128, dtype=torch.bfloat16,
-                           device="cuda", warmup=1, repeats=3, max_call_s=1.0)
+        return SweepConfig(
+            seq_lens=(1024, 4096, 16384),
+            batch=1,
+            heads=16,
+            head_dim=128,
+            dtype=torch.bfloat16,
+            device="cuda",
+            warmup=1,
+            repeats=3,
+            max_call_s=1.0,
+        )
     if profile.device == "cuda":
-        return SweepConfig(seq_lens=(1024, 2048, 4096, 8192, 16384, 32768, 65536), batch=1, heads=16, head_dim=128,
-                           dtype=torch.bfloat16, device="cuda", warmup=2, repeats=5, max_call_s=5.0)
+        return SweepConfig(
+            seq_lens=(1024, 2048, 4096, 8192, 16384, 32768, 65536),
+            batch=1,
+            heads=16,
+            head_dim=128,
+            dtype=torch.bfloat16,
+            device="cuda",
+            warmup=2,
+            repeats=5,
+            max_call_s=5.0,
+        )
     if profile.name == "gpu-dryrun":  # the gpu sweep's dtype and head size at CPU lengths: checks paths, not speed
-        return SweepConfig(seq_lens=(128, 256, 512), batch=1, heads=2, head_dim=128, dtype=torch.bfloat16,
-                           device="cpu", warmup=1, repeats=1, max_call_s=2.0, cpu_threads=1)
+        return SweepConfig(
+            seq_lens=(128, 256, 512),
+            batch=1,
+            heads=2,
+            head_dim=128,
+            dtype=torch.bfloat16,
+            device="cpu",
+            warmup=1,
+            repeats=1,
+            max_call_s=2.0,
+            cpu_threads=1,
+        )
     # One thread: on a shared 2-core machine, multi-threaded small ops spend most of their time
     # waiting for each other, which swamps the differences being measured.
-    return SweepConfig(seq_lens=(512, 1024, 2048, 4096, 8192), batch=1, heads=1, head_dim=64,
-                       dtype=torch.float32, device="cpu", warmup=1, repeats=3, max_call_s=2.0, cpu_threads=1)
+    return SweepConfig(
+        seq_lens=(512, 1024, 2048, 4096, 8192),
+        batch=1,
+        heads=1,
+        head_dim=64,
+        dtype=torch.float32,
+        device="cpu",
+        warmup=1,
+        repeats=3,
+        max_call_s=2.0,
+        cpu_threads=1,
+    )
 
 
 class TensorBytes(TorchDispatchMode):
@@ -116,8 +154,11 @@ def predicted_naive_bytes(config: SweepConfig, seq_len: int) -> int:
     P in the input dtype, and the boolean causal mask."""
     width = config.dtype.itemsize
     mask = seq_len * seq_len if config.causal else 0
-    return (score_matrix_bytes(config.batch, config.heads, seq_len, 4)
-            + score_matrix_bytes(config.batch, config.heads, seq_len, width) + mask)
+    return (
+        score_matrix_bytes(config.batch, config.heads, seq_len, 4)
+        + score_matrix_bytes(config.batch, config.heads, seq_len, width)
+        + mask
+    )
 
 
 @dataclass
@@ -155,8 +196,14 @@ def run_sweep(impls: dict[str, AttentionImpl], config: SweepConfig, progress: bo
     return result
 
 
-def _sweep_one(impl: AttentionImpl, name: str, seq_len: int, config: SweepConfig, result: SweepResult,
-               last_ms: dict[str, tuple[int, float]]) -> None:
+def _sweep_one(
+    impl: AttentionImpl,
+    name: str,
+    seq_len: int,
+    config: SweepConfig,
+    result: SweepResult,
+    last_ms: dict[str, tuple[int, float]],
+) -> None:
     """Measure one implementation at one length, or record why it was refused or skipped."""
     refusal = _over_cpu_budget(impl, config, seq_len)
     if refusal:
@@ -166,8 +213,17 @@ def _sweep_one(impl: AttentionImpl, name: str, seq_len: int, config: SweepConfig
         prev_len, prev_ms = last_ms[name]
         predicted_s = prev_ms * (seq_len / prev_len) ** 2 / 1e3
         if predicted_s > config.max_call_s:
-            result.points.append(SweepPoint(name, seq_len, "skipped", note=(
-                f"predicted {predicted_s:.0f} s per call (from {prev_len} tokens, x N^2) > {config.max_call_s} s limit")))
+            result.points.append(
+                SweepPoint(
+                    name,
+                    seq_len,
+                    "skipped",
+                    note=(
+                        f"predicted {predicted_s:.0f} s per call (from {prev_len} tokens, x N^2) > "
+                        f"{config.max_call_s} s limit"
+                    ),
+                )
+            )
             return
     result.points.append(_measure(impl, config, seq_len))
     if result.points[-1].status == "ok":
@@ -180,13 +236,18 @@ def _over_cpu_budget(impl: AttentionImpl, config: SweepConfig, seq_len: int) -> 
     needed = predicted_naive_bytes(config, seq_len)
     if needed <= config.cpu_budget_bytes:
         return None
-    return SweepPoint(impl.name, seq_len, "oom", note=(
-        f"refused: needs ~{needed / 2**20:.0f} MiB > CPU budget {config.cpu_budget_bytes / 2**20:.0f} MiB"))
+    return SweepPoint(
+        impl.name,
+        seq_len,
+        "oom",
+        note=(f"refused: needs ~{needed / 2**20:.0f} MiB > CPU budget {config.cpu_budget_bytes / 2**20:.0f} MiB"),
+    )
 
 
 def _measure(impl: AttentionImpl, config: SweepConfig, seq_len: int) -> SweepPoint:
-    q, k, v = random_qkv(config.batch, config.heads, seq_len, config.head_dim, dtype=config.dtype,
-                         device=config.device, seed=seq_len)
+    q, k, v = random_qkv(
+        config.batch, config.heads, seq_len, config.head_dim, dtype=config.dtype, device=config.device, seed=seq_len
+    )
     call = lambda: impl(q, k, v, causal=config.causal)  # noqa: E731
     try:
         timing = benchmark(call, device=config.device, warmup=config.warmup, repeats=config.repeats)
@@ -204,8 +265,10 @@ def format_table(result: SweepResult) -> str:
     for p in result.points:
         if p.status == "ok":
             low, high = p.timing.spread_ms
-            lines.append(f"{p.name:<15} {p.seq_len:>6} {p.timing.median_ms:>10.2f} {low:>8.2f}-{high:<8.2f} "
-                         f"{p.peak_bytes / 2**20:>9.2f}")
+            lines.append(
+                f"{p.name:<15} {p.seq_len:>6} {p.timing.median_ms:>10.2f} {low:>8.2f}-{high:<8.2f} "
+                f"{p.peak_bytes / 2**20:>9.2f}"
+            )
         else:
             lines.append(f"{p.name:<15} {p.seq_len:>6} {p.status.upper():>10} {'':>17} {'':>9}  {p.note}")
     return "\n".join(lines)
@@ -223,9 +286,15 @@ def plot_sweep(ax_time, ax_memory, result: SweepResult) -> None:
             if p.status == "oom":
                 for ax in (ax_time, ax_memory):
                     ax.plot([p.seq_len], [_top(ax)], marker="x", color=line.get_color(), markersize=9)
-                    ax.annotate(f"OOM: {name}", (p.seq_len, _top(ax)), textcoords="offset points",
-                                xytext=(-4, -14 - 10 * index),
-                                ha="right", fontsize=7, color=line.get_color())
+                    ax.annotate(
+                        f"OOM: {name}",
+                        (p.seq_len, _top(ax)),
+                        textcoords="offset points",
+                        xytext=(-4, -14 - 10 * index),
+                        ha="right",
+                        fontsize=7,
+                        color=line.get_color(),
+                    )
     for ax in (ax_time, ax_memory):
         ax.set_xscale("log")
         ax.set_yscale("log")

@@ -8,21 +8,24 @@
 All four produce the same tokens (tests/test_generate.py); only the time differs.
 """
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import matplotlib.pyplot as plt
 import torch
 
 from infer import hf
-from infer.generate import cached_greedy_generate
+from infer.generate import cached_greedy_generate, naive_greedy_generate
 from infer.kv_cache import ConcatKVCache, KVCache
 from infer.plotting import plot_medians
-from infer.generate import naive_greedy_generate
 from infer.timing import Timing, benchmark, cpu_threads
 
-NAIVE, GROWING, PREALLOCATED, GENERATE = ("naive loop (week 01)", "growing cache (torch.cat)",
-                                          "preallocated cache", "transformers generate()")
+NAIVE, GROWING, PREALLOCATED, GENERATE = (
+    "naive loop (week 01)",
+    "growing cache (torch.cat)",
+    "preallocated cache",
+    "transformers generate()",
+)
 
 
 @dataclass(frozen=True)
@@ -59,14 +62,16 @@ def generation_loops(hf_model, model) -> dict[str, Callable[[torch.Tensor, int],
     return {
         NAIVE: lambda prompt, n: naive_greedy_generate(hf_model, prompt, n),
         GROWING: lambda prompt, n: cached_greedy_generate(model, prompt, n, ConcatKVCache.for_model(model)),
-        PREALLOCATED: lambda prompt, n: cached_greedy_generate(model, prompt, n,
-                                                               KVCache.for_model(model, 1, prompt.shape[-1] + n)),
+        PREALLOCATED: lambda prompt, n: cached_greedy_generate(
+            model, prompt, n, KVCache.for_model(model, 1, prompt.shape[-1] + n)
+        ),
         GENERATE: lambda prompt, n: hf.greedy_generate(hf_model, prompt, n),
     }
 
 
-def race(loops: dict[str, Callable], prompt: torch.Tensor, output_lens, *, repeats: int = 3,
-         progress: bool = True) -> dict[str, list[Timing]]:
+def race(
+    loops: dict[str, Callable], prompt: torch.Tensor, output_lens, *, repeats: int = 3, progress: bool = True
+) -> dict[str, list[Timing]]:
     """Time every loop at every output length: one warm-up per loop, then `repeats` timed runs,
     interleaved across loops so that a slow moment of a shared machine hits all of them alike."""
     from tqdm.auto import tqdm
@@ -76,8 +81,8 @@ def race(loops: dict[str, Callable], prompt: torch.Tensor, output_lens, *, repea
     samples = {name: {n: [] for n in output_lens} for name in loops}
     steps = [(r, n, name) for r in range(repeats) for n in output_lens for name in loops]
     for _, n, name in tqdm(steps, desc="generation runs", disable=not progress):
-        samples[name][n].extend(benchmark(lambda: loops[name](prompt, n), device=prompt.device,
-                                          warmup=0, repeats=1).samples_ms)
+        timing = benchmark(lambda run=loops[name], n=n: run(prompt, n), device=prompt.device, warmup=0, repeats=1)
+        samples[name][n].extend(timing.samples_ms)
     return {name: [Timing(tuple(samples[name][n])) for n in output_lens] for name in loops}
 
 
@@ -91,8 +96,10 @@ def format_race(output_lens, timings: dict[str, list[Timing]]) -> str:
     for i, n in enumerate(output_lens):
         naive, pre = timings[NAIVE][i].median_ms, timings[PREALLOCATED][i].median_ms
         grow, gen = timings[GROWING][i].median_ms, timings[GENERATE][i].median_ms
-        lines.append(f"{n:>4} new tokens: naive / preallocated = {naive / pre:5.2f}x, naive / growing = "
-                     f"{naive / grow:5.2f}x, preallocated / generate() = {pre / gen:4.2f}")
+        lines.append(
+            f"{n:>4} new tokens: naive / preallocated = {naive / pre:5.2f}x, naive / growing = "
+            f"{naive / grow:5.2f}x, preallocated / generate() = {pre / gen:4.2f}"
+        )
     return "\n".join(lines)
 
 
@@ -122,12 +129,16 @@ def cache_write_ms(model, context_lens, *, repeats: int = 15) -> dict[str, list[
         for context in context_lens:
             past = torch.randn(arch.num_kv_heads, context, arch.head_dim, **shape)
             new = torch.randn(arch.num_kv_heads, 1, arch.head_dim, **shape)
-            for name, cache in ((GROWING, ConcatKVCache.for_model(model)),
-                                (PREALLOCATED, KVCache.for_model(model, max_seqs=1, max_len=context + 1))):
+            for name, cache in (
+                (GROWING, ConcatKVCache.for_model(model)),
+                (PREALLOCATED, KVCache.for_model(model, max_seqs=1, max_len=context + 1)),
+            ):
                 for layer in range(arch.num_layers):
                     cache.write(layer, 0, 0, past, past)
 
-                def one_step(cache=cache):  # rewrites position `context` each time: every repeat sees the same state
+                def one_step(
+                    cache=cache, context=context, new=new
+                ):  # rewrites position `context`: every repeat sees the same state
                     for layer in range(arch.num_layers):
                         cache.write(layer, 0, context, new, new)
 

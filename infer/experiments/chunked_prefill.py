@@ -22,14 +22,21 @@ from infer.kv_cache import KVCache
 from infer.metrics import calculate_metrics
 from infer.paged_attention import PagedKV
 from infer.records import RequestRecord
-from infer.workloads import Workload, random_prompt
 from infer.timing import benchmark
+from infer.workloads import Workload, random_prompt
 
 PERCENTILES = (50, 90, 99)
 
 
-def stall_workload(decode_step_s: float, prefill_s: float, vocab_size: int, *, num_decoding: int = 24,
-                   long_prompt_lens: tuple[int, ...] = (1024, 1344, 1664, 1984), seed: int = 0) -> Workload:
+def stall_workload(
+    decode_step_s: float,
+    prefill_s: float,
+    vocab_size: int,
+    *,
+    num_decoding: int = 24,
+    long_prompt_lens: tuple[int, ...] = (1024, 1344, 1664, 1984),
+    seed: int = 0,
+) -> Workload:
     """`num_decoding` short requests start together and decode 128 tokens each; long prompts
     arrive one by one while they decode, 30 decode steps apart plus room for the previous
     prefill, so that each stall is its own event. Times are in units of this machine's
@@ -56,14 +63,33 @@ class Run:
         return calculate_metrics(self.records, slo_ms=slo_ms, percentiles=PERCENTILES)
 
 
-def serve(model, workload: Workload, policy: str, budget: int, *, max_num_seqs: int = 32,
-          max_model_len: int = 2048, max_concurrency: int | None = None) -> Run:
+def serve(
+    model,
+    workload: Workload,
+    policy: str,
+    budget: int,
+    *,
+    max_num_seqs: int = 32,
+    max_model_len: int = 2048,
+    max_concurrency: int | None = None,
+) -> Run:
     """Replay `workload` on a fresh engine in real time (at most `max_concurrency` requests in
     flight, a new one sent when one finishes); greedy, EOS ignored."""
-    engine = Engine(model, policy=policy, max_num_seqs=max_num_seqs, max_num_batched_tokens=budget,
-                    max_model_len=max_model_len, log_steps=True)
-    records = replay(engine, workload.prompts, [benchmark_params(n) for n in workload.output_lens],
-                     offsets=workload.offsets, max_concurrency=max_concurrency)
+    engine = Engine(
+        model,
+        policy=policy,
+        max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=budget,
+        max_model_len=max_model_len,
+        log_steps=True,
+    )
+    records = replay(
+        engine,
+        workload.prompts,
+        [benchmark_params(n) for n in workload.output_lens],
+        offsets=workload.offsets,
+        max_concurrency=max_concurrency,
+    )
     # each step's time as the engine logs it (scheduling and bookkeeping included, not only the
     # forward pass): that is what the requests wait for, so it is what the simulator must charge
     return Run(policy, budget, workload, records, engine.step_log)
@@ -77,8 +103,13 @@ def median_step_s(model, batch: int, context: int, vocab_size: int) -> tuple[flo
     params = benchmark_params(64)
     prefill, decode = [], []
     for _ in range(3):
-        engine = Engine(model, policy="chunked", max_num_seqs=batch, max_num_batched_tokens=batch * context,
-                        max_model_len=context + 64)
+        engine = Engine(
+            model,
+            policy="chunked",
+            max_num_seqs=batch,
+            max_num_batched_tokens=batch * context,
+            max_model_len=context + 64,
+        )
         for prompt in prompts:
             engine.add_request(prompt, params)
         prefill.append(benchmark(engine.step, warmup=0, repeats=1).median_ms)
@@ -88,18 +119,27 @@ def median_step_s(model, batch: int, context: int, vocab_size: int) -> tuple[flo
 
 def summarize_run(run: Run, slo_ms: dict[str, float] | None = None) -> dict:
     """vLLM's keys for a run, plus what it was."""
-    return {"policy": run.policy, "max_num_batched_tokens": run.budget, "workload": run.workload.name,
-            "num_steps": len(run.steps), **run.metrics(slo_ms)}
+    return {
+        "policy": run.policy,
+        "max_num_batched_tokens": run.budget,
+        "workload": run.workload.name,
+        "num_steps": len(run.steps),
+        **run.metrics(slo_ms),
+    }
 
 
 def stall_summary(prefill_first: dict, chunked: dict) -> dict:
     """The two numbers the stall experiment is judged by."""
-    return {"p99_itl_ratio_prefill_first_over_chunked": prefill_first["p99_itl_ms"] / chunked["p99_itl_ms"],
-            "total_throughput_change_chunked_vs_prefill_first":
-                chunked["total_token_throughput"] / prefill_first["total_token_throughput"] - 1}
+    return {
+        "p99_itl_ratio_prefill_first_over_chunked": prefill_first["p99_itl_ms"] / chunked["p99_itl_ms"],
+        "total_throughput_change_chunked_vs_prefill_first": chunked["total_token_throughput"]
+        / prefill_first["total_token_throughput"]
+        - 1,
+    }
 
 
 # ------------------------------------------------------------ mixing prefill and decode in one step
+
 
 @torch.no_grad()
 def time_step_kinds(model, num_tokens: int, context: int, *, repeats: int = 15) -> dict[str, float]:
@@ -112,8 +152,13 @@ def time_step_kinds(model, num_tokens: int, context: int, *, repeats: int = 15) 
     device = model.embed.weight.device
     prompt = torch.randint(model.arch.vocab_size, (context,), device=device)
     for slot in range(num_tokens + 1):  # every slot holds `context` tokens of history
-        model(prompt, torch.arange(context, device="cpu"), cache, torch.full((context,), slot, device="cpu"),
-              logits_rows=torch.tensor([context - 1], device=device))
+        model(
+            prompt,
+            torch.arange(context, device="cpu"),
+            cache,
+            torch.full((context,), slot, device="cpu"),
+            logits_rows=torch.tensor([context - 1], device=device),
+        )
 
     def step(num_prefill: int, num_decodes: int):
         chunk_slot = num_tokens  # the prefill chunk continues slot `num_tokens`' prompt
@@ -125,8 +170,13 @@ def time_step_kinds(model, num_tokens: int, context: int, *, repeats: int = 15) 
         kv = PagedKV.for_slots(cache, positions, torch.tensor(slots, device="cpu"))  # as the engine's runner builds it
         return lambda: model(token_ids, positions, kv, logits_rows=torch.tensor(rows, device=device))
 
-    kinds = {"prefill_only": step(num_tokens, 0), "decode_only": step(0, num_tokens), "mixed": step(half, half),
-             "prefill_half": step(half, 0), "decode_half": step(0, half)}
+    kinds = {
+        "prefill_only": step(num_tokens, 0),
+        "decode_only": step(0, num_tokens),
+        "mixed": step(half, half),
+        "prefill_half": step(half, 0),
+        "decode_half": step(0, half),
+    }
     samples = {name: [] for name in kinds}
     for _ in range(repeats):
         for name, fn in kinds.items():
@@ -138,6 +188,7 @@ def time_step_kinds(model, num_tokens: int, context: int, *, repeats: int = 15) 
 
 
 # ------------------------------------------------------------ sweeps and goodput
+
 
 def best_budget(records: list[dict], load_key: str, load, key: str) -> int | None:
     """The budget with the highest `key` (e.g. "request_goodput") among the sweep records of one

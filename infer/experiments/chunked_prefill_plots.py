@@ -31,9 +31,16 @@ def plot_gantt(ax: plt.Axes, steps: list[StepRecord], title: str, *, request_ord
     ax.set_ylabel(f"request ({len(order)} rows)")
     ax.set_title(title, loc="left")
     # Above the plot, beside the title: inside it, the key would hide the rows it explains.
-    ax.legend(handles=[plt.Rectangle((0, 0), 1, 1, color=PREFILL_COLOR, label="prefill chunk"),
-                       plt.Rectangle((0, 0), 1, 1, color=DECODE_COLOR, label="decode token")],
-              loc="lower right", bbox_to_anchor=(1, 1), ncol=2, frameon=False)
+    ax.legend(
+        handles=[
+            plt.Rectangle((0, 0), 1, 1, color=PREFILL_COLOR, label="prefill chunk"),
+            plt.Rectangle((0, 0), 1, 1, color=DECODE_COLOR, label="decode token"),
+        ],
+        loc="lower right",
+        bbox_to_anchor=(1, 1),
+        ncol=2,
+        frameon=False,
+    )
 
 
 def plot_itl_distribution(ax: plt.Axes, itls_ms: dict[str, list[float]]) -> None:
@@ -63,8 +70,17 @@ def plot_budget_sweep(axes, records: list[dict], load_key: str, load_label: str,
         rows = sorted((r for r in records if r[load_key] == load), key=lambda r: r["max_num_batched_tokens"])
         budgets = [r["max_num_batched_tokens"] for r in rows]
         for ax, metric in ((ttft_ax, "ttft"), (tpot_ax, "tpot")):
-            ax.plot(budgets, [r[f"p50_{metric}_ms"] for r in rows], "o-", color=color, label=f"{load_label} {load:g} p50")
-            ax.plot(budgets, [r[f"p99_{metric}_ms"] for r in rows], "s--", color=color, alpha=0.7, label=f"{load_label} {load:g} p99")
+            ax.plot(
+                budgets, [r[f"p50_{metric}_ms"] for r in rows], "o-", color=color, label=f"{load_label} {load:g} p50"
+            )
+            ax.plot(
+                budgets,
+                [r[f"p99_{metric}_ms"] for r in rows],
+                "s--",
+                color=color,
+                alpha=0.7,
+                label=f"{load_label} {load:g} p99",
+            )
         goodput = [r["request_goodput"] for r in rows]
         goodput_ax.plot(budgets, goodput, "o-", color=color, label=f"{load_label} {load:g}")
         best = int(np.argmax(goodput))
@@ -84,15 +100,28 @@ def plot_budget_sweep(axes, records: list[dict], load_key: str, load_label: str,
     goodput_ax.legend(title="red circle: goodput-best\nblack x: throughput-best")
     if stamp:
         for ax in axes:
-            ax.text(0.5, 0.5, stamp, transform=ax.transAxes, ha="center", va="center", fontsize=22,
-                    color="red", alpha=0.18, rotation=25)
+            ax.text(
+                0.5,
+                0.5,
+                stamp,
+                transform=ax.transAxes,
+                ha="center",
+                va="center",
+                fontsize=22,
+                color="red",
+                alpha=0.18,
+                rotation=25,
+            )
 
 
 def plot_simulated_vs_measured(ax: plt.Axes, rows: list[dict]) -> None:
     """Simulated against measured for each held-out workload and metric, on log axes around y = x,
     with the +-10% band."""
-    metrics = (("median_ttft_ms", "median TTFT (ms)", "o"), ("median_tpot_ms", "median TPOT (ms)", "s"),
-               ("output_throughput", "output tok/s", "^"))
+    metrics = (
+        ("median_ttft_ms", "median TTFT (ms)", "o"),
+        ("median_tpot_ms", "median TPOT (ms)", "s"),
+        ("output_throughput", "output tok/s", "^"),
+    )
     values = []
     for key, label, marker in metrics:
         measured = [r["measured"][key] for r in rows]

@@ -21,11 +21,24 @@ import matplotlib.pyplot as plt
 import numpy as np
 from tqdm.auto import tqdm
 
-from infer.experiments.chunked_prefill import (best_budget, median_step_s, relative_error, serve, stall_summary,
-                                               stall_workload, summarize_run, time_step_kinds)
-from infer.experiments.chunked_prefill_plots import plot_budget_sweep, plot_gantt, plot_itl_distribution, plot_simulated_vs_measured
 from infer.engine.simulator import simulate
 from infer.engine.step_costs import FEATURES, LinearStepCost, RooflineStepCost
+from infer.experiments.chunked_prefill import (
+    best_budget,
+    median_step_s,
+    relative_error,
+    serve,
+    stall_summary,
+    stall_workload,
+    summarize_run,
+    time_step_kinds,
+)
+from infer.experiments.chunked_prefill_plots import (
+    plot_budget_sweep,
+    plot_gantt,
+    plot_itl_distribution,
+    plot_simulated_vs_measured,
+)
 from infer.metrics import calculate_metrics, request_latencies_ms, save_results, slo_from_profile
 from infer.model import Transformer
 from infer.models import MODEL_SPECS, load_model
@@ -49,17 +62,27 @@ def stalls(model, vocab_size: int, meta: dict, profile: str):
     _, decode_s = median_step_s(model, 24, 64, vocab_size)
     prefill_s, _ = median_step_s(model, 1, 1984, vocab_size)
     workload = stall_workload(decode_s, prefill_s, vocab_size)
-    runs = {"prefill-first": serve(model, workload, "continuous", 2048),
-            "chunked": serve(model, workload, "chunked", CHUNKED_STALL_BUDGET)}
+    runs = {
+        "prefill-first": serve(model, workload, "continuous", 2048),
+        "chunked": serve(model, workload, "chunked", CHUNKED_STALL_BUDGET),
+    }
     summaries = {name: summarize_run(run) for name, run in runs.items()}
     summary = stall_summary(summaries["prefill-first"], summaries["chunked"])
-    save_results(f"06_stalls_{profile}", list(summaries.values()), meta, decode_step_ms=decode_s * 1e3, longest_prefill_ms=prefill_s * 1e3,
-                 summary=summary, policies=list(summaries))
+    save_results(
+        f"06_stalls_{profile}",
+        list(summaries.values()),
+        meta,
+        decode_step_ms=decode_s * 1e3,
+        longest_prefill_ms=prefill_s * 1e3,
+        summary=summary,
+        policies=list(summaries),
+    )
     fig, axes = plt.subplots(1, 3, figsize=(16, 5.5))
     for ax, (name, run) in zip(axes, runs.items()):
         plot_gantt(ax, run.steps, f"{name} (budget {run.budget})")
-    plot_itl_distribution(axes[2], {name: [g for r in run.records for g in request_latencies_ms(r).itls_ms]
-                                    for name, run in runs.items()})
+    plot_itl_distribution(
+        axes[2], {name: [g for r in run.records for g in request_latencies_ms(r).itls_ms] for name, run in runs.items()}
+    )
     save_figure(fig, "06_stalls", meta)
     return runs, summary
 
@@ -74,14 +97,19 @@ def sweep(model, vocab_size: int, slo_ms: dict, meta: dict, profile: str):
     runs, records = [], []
     grid = [(c, b) for c in CPU_CONCURRENCY for b in CPU_BUDGETS]
     for concurrency, budget in tqdm(grid, desc="budget x concurrency"):
-        workload = mixed_workload(f"sweep-c{concurrency}", vocab_size, 3 * concurrency, (32, 512), (16, 32),
-                                  seed=concurrency)
+        workload = mixed_workload(
+            f"sweep-c{concurrency}", vocab_size, 3 * concurrency, (32, 512), (16, 32), seed=concurrency
+        )
         run = serve(model, workload, "chunked", budget, max_num_seqs=concurrency, max_concurrency=concurrency)
         runs.append((concurrency, run))
         records.append({"max_concurrency": concurrency, **summarize_run(run, slo_ms)})
-    summary = {f"concurrency {c}": {"goodput_best_budget": best_budget(records, "max_concurrency", c, "request_goodput"),
-                                    "throughput_best_budget": best_budget(records, "max_concurrency", c, "output_throughput")}
-               for c in CPU_CONCURRENCY}
+    summary = {
+        f"concurrency {c}": {
+            "goodput_best_budget": best_budget(records, "max_concurrency", c, "request_goodput"),
+            "throughput_best_budget": best_budget(records, "max_concurrency", c, "output_throughput"),
+        }
+        for c in CPU_CONCURRENCY
+    }
     save_results(f"06_sweep_{profile}", records, meta, slo_ms=slo_ms, summary=summary)
     fig, axes = plt.subplots(1, 3, figsize=(16, 5))
     plot_budget_sweep(axes, records, "max_concurrency", "concurrency")
@@ -92,8 +120,10 @@ def sweep(model, vocab_size: int, slo_ms: dict, meta: dict, profile: str):
 def calibration_runs(model, vocab_size: int):
     """Runs whose steps fit the cost model: varied prompts, budgets and policies, none of them the sweep's."""
     workload = mixed_workload("calibration", vocab_size, 16, (16, 768), (8, 32), seed=1234)
-    return [serve(model, workload, policy, budget, max_num_seqs=8)
-            for policy, budget in (("chunked", 24), ("chunked", 160), ("continuous", 1024))]
+    return [
+        serve(model, workload, policy, budget, max_num_seqs=8)
+        for policy, budget in (("chunked", 24), ("chunked", 160), ("continuous", 1024))
+    ]
 
 
 def validate_simulator(fit_runs, held_out, meta: dict, profile: str):
@@ -102,20 +132,41 @@ def validate_simulator(fit_runs, held_out, meta: dict, profile: str):
     rows = []
     for concurrency, run in held_out:
         w: Workload = run.workload
-        sim = simulate(cost, w.prompt_lens, w.output_lens, policy=run.policy, max_num_seqs=concurrency,
-                       max_num_batched_tokens=run.budget, offsets=w.offsets, max_concurrency=concurrency)
+        sim = simulate(
+            cost,
+            w.prompt_lens,
+            w.output_lens,
+            policy=run.policy,
+            max_num_seqs=concurrency,
+            max_num_batched_tokens=run.budget,
+            offsets=w.offsets,
+            max_concurrency=concurrency,
+        )
         measured, simulated = calculate_metrics(run.records), calculate_metrics(sim.records)
         keys = ("median_ttft_ms", "median_tpot_ms", "output_throughput")
         # the cost model on this run's own steps: a large error here is the machine's speed having
         # changed since calibration, not the simulated schedule being wrong
         step_errors = cost.relative_errors([s.shape for s in run.steps], [s.ms for s in run.steps])
-        rows.append({"workload": w.name, "max_num_batched_tokens": run.budget, "max_concurrency": concurrency,
-                     "measured": {k: measured[k] for k in keys}, "simulated": {k: simulated[k] for k in keys},
-                     "relative_error": {k: relative_error(simulated[k], measured[k]) for k in keys},
-                     "median_step_cost_error": float(np.median(step_errors))})
+        rows.append(
+            {
+                "workload": w.name,
+                "max_num_batched_tokens": run.budget,
+                "max_concurrency": concurrency,
+                "measured": {k: measured[k] for k in keys},
+                "simulated": {k: simulated[k] for k in keys},
+                "relative_error": {k: relative_error(simulated[k], measured[k]) for k in keys},
+                "median_step_cost_error": float(np.median(step_errors)),
+            }
+        )
     largest = max(abs(e) for row in rows for e in row["relative_error"].values())
-    summary = {"largest_abs_relative_error": largest, "target": 0.10, "within_target": largest <= 0.10,
-               "fit_steps": len(steps), "fit_ms_per_unit": cost.ms_per_unit, "features": list(FEATURES)}
+    summary = {
+        "largest_abs_relative_error": largest,
+        "target": 0.10,
+        "within_target": largest <= 0.10,
+        "fit_steps": len(steps),
+        "fit_ms_per_unit": cost.ms_per_unit,
+        "features": list(FEATURES),
+    }
     save_results(f"06_simulator_validation_{profile}", rows, meta, summary=summary)
     fig, ax = plt.subplots(figsize=(6.5, 6))
     plot_simulated_vs_measured(ax, rows)
@@ -132,22 +183,59 @@ def gpu_grid_simulated():
     for rate in GPU_REQUEST_RATES:
         offsets = arrival_offsets(gpu.grid.num_prompts, rate, seed=0)
         for budget in GPU_BUDGETS:
-            sim = simulate(cost, [2048] * gpu.grid.num_prompts, [64] * gpu.grid.num_prompts, policy="chunked",
-                           max_num_seqs=256, max_num_batched_tokens=budget, max_model_len=2048 + 64, offsets=offsets)
-            records.append({"request_rate": rate, "policy": "chunked", "max_num_batched_tokens": budget,
-                            **calculate_metrics(sim.records, slo_ms=slo_ms, percentiles=(50, 99))})
-    summary = {f"rate {r:g}/s": {"goodput_best_budget": best_budget(records, "request_rate", r, "request_goodput"),
-                                 "throughput_best_budget": best_budget(records, "request_rate", r, "output_throughput")}
-               for r in GPU_REQUEST_RATES}
+            sim = simulate(
+                cost,
+                [2048] * gpu.grid.num_prompts,
+                [64] * gpu.grid.num_prompts,
+                policy="chunked",
+                max_num_seqs=256,
+                max_num_batched_tokens=budget,
+                max_model_len=2048 + 64,
+                offsets=offsets,
+            )
+            records.append(
+                {
+                    "request_rate": rate,
+                    "policy": "chunked",
+                    "max_num_batched_tokens": budget,
+                    **calculate_metrics(sim.records, slo_ms=slo_ms, percentiles=(50, 99)),
+                }
+            )
+    summary = {
+        f"rate {r:g}/s": {
+            "goodput_best_budget": best_budget(records, "request_rate", r, "request_goodput"),
+            "throughput_best_budget": best_budget(records, "request_rate", r, "output_throughput"),
+        }
+        for r in GPU_REQUEST_RATES
+    }
     # provenance of the machine that ran the simulation, with the simulated device in its place
-    meta = {**provenance(replace(gpu, device="cpu"), kind="simulated"), "model": gpu.model_name,
-            "weights": "none (simulated)", "device": cost.assumptions(), "profile": "gpu (simulated)"}
-    save_results("06_sweep_gpu_simulated", records, meta, slo_ms=slo_ms, summary=summary,
-                 assumptions={"cost_model": cost.as_dict(), "in_tokens": 2048, "out_tokens": 64,
-                              "max_num_seqs": 256, "num_prompts": gpu.grid.num_prompts, "arrivals": "Poisson"})
+    meta = {
+        **provenance(replace(gpu, device="cpu"), kind="simulated"),
+        "model": gpu.model_name,
+        "weights": "none (simulated)",
+        "device": cost.assumptions(),
+        "profile": "gpu (simulated)",
+    }
+    save_results(
+        "06_sweep_gpu_simulated",
+        records,
+        meta,
+        slo_ms=slo_ms,
+        summary=summary,
+        assumptions={
+            "cost_model": cost.as_dict(),
+            "in_tokens": 2048,
+            "out_tokens": 64,
+            "max_num_seqs": 256,
+            "num_prompts": gpu.grid.num_prompts,
+            "arrivals": "Poisson",
+        },
+    )
     fig, axes = plt.subplots(1, 3, figsize=(16, 5))
     plot_budget_sweep(axes, records, "request_rate", "req/s", stamp="SIMULATED")
-    fig.suptitle(f"SIMULATED: {gpu.model_name} shape, 2,048 in / 64 out, {cost.assumptions()}", color="red", fontsize=10)
+    fig.suptitle(
+        f"SIMULATED: {gpu.model_name} shape, 2,048 in / 64 out, {cost.assumptions()}", color="red", fontsize=10
+    )
     save_figure(fig, "06_sweep_gpu_simulated", meta)
     return summary
 
@@ -157,8 +245,13 @@ PARTS = ("stalls", "mixing", "sweep", "gpu")
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--only", nargs="+", choices=PARTS, default=PARTS,
-                        help="run these parts only (sweep includes the simulator's validation)")
+    parser.add_argument(
+        "--only",
+        nargs="+",
+        choices=PARTS,
+        default=PARTS,
+        help="run these parts only (sweep includes the simulator's validation)",
+    )
     parts = parser.parse_args().only
     profile = pick_profile()
     lm = load_model(profile=profile, quiet=True)

@@ -20,29 +20,43 @@ def _greedy_config(max_new_tokens: int, pad_token_id: int) -> GenerationConfig:
 
 
 @torch.no_grad()
-def static_batched_generate(model, prompts: list[list[int]], output_lens: list[int], batch_size: int,
-                            pad_token_id: int) -> list[list[int]]:
+def static_batched_generate(
+    model, prompts: list[list[int]], output_lens: list[int], batch_size: int, pad_token_id: int
+) -> list[list[int]]:
     """Requests in arrival order, `batch_size` at a time, each batch left-padded to its longest
     prompt and run for its longest output. Returns each request's first output_len tokens."""
     device = next(model.parameters()).device
     results = []
     for first in range(0, len(prompts), batch_size):
-        batch, lens = prompts[first:first + batch_size], output_lens[first:first + batch_size]
+        batch, lens = prompts[first : first + batch_size], output_lens[first : first + batch_size]
         width = max(len(p) for p in batch)
         ids = torch.tensor([[pad_token_id] * (width - len(p)) + list(p) for p in batch], device=device)
         mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in batch], device=device)
         out = model.generate(ids, attention_mask=mask, generation_config=_greedy_config(max(lens), pad_token_id))
-        results += [row[width:width + n].tolist() for row, n in zip(out, lens)]
+        results += [row[width : width + n].tolist() for row, n in zip(out, lens)]
     return results
 
 
-def continuous_batched_generate(model, prompts: list[list[int]], max_new_tokens: int, *, max_batch_tokens: int,
-                                num_blocks: int, block_size: int = 64, pad_token_id: int = 0) -> list[list[int]]:
+def continuous_batched_generate(
+    model,
+    prompts: list[list[int]],
+    max_new_tokens: int,
+    *,
+    max_batch_tokens: int,
+    num_blocks: int,
+    block_size: int = 64,
+    pad_token_id: int = 0,
+) -> list[list[int]]:
     """`generate_batch()` over all prompts (it takes one max_new_tokens for every request);
     results in input order."""
     config = ContinuousBatchingConfig(num_blocks=num_blocks, page_size=block_size, max_batch_tokens=max_batch_tokens)
-    out = model.generate_batch([list(p) for p in prompts], generation_config=_greedy_config(max_new_tokens, pad_token_id),
-                               continuous_batching_config=config, progress_bar=False, warmup=False)
+    out = model.generate_batch(
+        [list(p) for p in prompts],
+        generation_config=_greedy_config(max_new_tokens, pad_token_id),
+        continuous_batching_config=config,
+        progress_bar=False,
+        warmup=False,
+    )
     if len(out) != len(prompts) or any(result.error is not None for result in out.values()):
         raise RuntimeError(f"generate_batch returned {len(out)} of {len(prompts)} results, or failed ones")
     return [list(result.generated_tokens) for result in out.values()]  # keyed req_0, req_1, ... in input order

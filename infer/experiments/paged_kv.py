@@ -42,8 +42,10 @@ def reservation_waste(total_lens: list[int], max_model_len: int, block_sizes=BLO
     def waste(reserved: int) -> float:
         return 1 - used / reserved
 
-    return {"slots": waste(max_model_len * len(total_lens)),
-            **{f"paged_b{b}": waste(sum(-(-n // b) * b for n in total_lens)) for b in block_sizes}}
+    return {
+        "slots": waste(max_model_len * len(total_lens)),
+        **{f"paged_b{b}": waste(sum(-(-n // b) * b for n in total_lens)) for b in block_sizes},
+    }
 
 
 def spread(values: list[float]) -> dict:
@@ -53,18 +55,30 @@ def spread(values: list[float]) -> dict:
 def serve_once(engine: Engine, workload: Workload) -> dict:
     engine.step_log.clear()
     metrics = calculate_metrics(replay(engine, workload.prompts, [benchmark_params(n) for n in workload.output_lens]))
-    return {**metrics, "max_running": max(step.num_running for step in engine.step_log),
-            "preemptions": engine.num_preemptions}
+    return {
+        **metrics,
+        "max_running": max(step.num_running for step in engine.step_log),
+        "preemptions": engine.num_preemptions,
+    }
 
 
-def capacity_at_equal_memory(model, workload: Workload, *, slots: int, max_model_len: int, block_size: int = 16,
-                             rounds: int = 3) -> dict:
+def capacity_at_equal_memory(
+    model, workload: Workload, *, slots: int, max_model_len: int, block_size: int = 16, rounds: int = 3
+) -> dict:
     """Room for `slots` sequences of max_model_len, as slots or as blocks of `block_size`."""
     num_blocks = slots * max_model_len // block_size
     engines = {
         "slots": Engine(model, "chunked", max_num_seqs=slots, max_model_len=max_model_len, log_steps=True),
-        "paged": Engine(model, "chunked", max_num_seqs=len(workload.prompts), max_model_len=max_model_len,
-                        kv_store="paged", num_kv_blocks=num_blocks, block_size=block_size, log_steps=True),
+        "paged": Engine(
+            model,
+            "chunked",
+            max_num_seqs=len(workload.prompts),
+            max_model_len=max_model_len,
+            kv_store="paged",
+            num_kv_blocks=num_blocks,
+            block_size=block_size,
+            log_steps=True,
+        ),
     }
     for engine in engines.values():
         replay(engine, workload.prompts[:2], benchmark_params(4))  # warm-up
@@ -72,16 +86,26 @@ def capacity_at_equal_memory(model, workload: Workload, *, slots: int, max_model
     for _ in tqdm(range(rounds), desc="capacity: slots vs paged, alternating"):
         for name, engine in engines.items():
             runs[name].append(serve_once(engine, workload))
-    return {name: {"output_throughput": spread([r["output_throughput"] for r in results]),
-                   "max_running": max(r["max_running"] for r in results),
-                   "preemptions": results[-1]["preemptions"]} for name, results in runs.items()} | {
-        "kv_positions": slots * max_model_len, "num_slots": slots, "num_blocks": num_blocks, "block_size": block_size,
+    return {
+        name: {
+            "output_throughput": spread([r["output_throughput"] for r in results]),
+            "max_running": max(r["max_running"] for r in results),
+            "preemptions": results[-1]["preemptions"],
+        }
+        for name, results in runs.items()
+    } | {
+        "kv_positions": slots * max_model_len,
+        "num_slots": slots,
+        "num_blocks": num_blocks,
+        "block_size": block_size,
         "throughput_ratio_paged_over_slots": statistics.median(r["output_throughput"] for r in runs["paged"])
-        / statistics.median(r["output_throughput"] for r in runs["slots"])}
+        / statistics.median(r["output_throughput"] for r in runs["slots"]),
+    }
 
 
-def shared_prefix_workload(vocab_size: int, num_requests: int, prefix_len: int, suffix_len: int, output_len: int,
-                           seed: int = 0) -> Workload:
+def shared_prefix_workload(
+    vocab_size: int, num_requests: int, prefix_len: int, suffix_len: int, output_len: int, seed: int = 0
+) -> Workload:
     """A system prompt of `prefix_len` tokens that every request starts with, then its own suffix."""
     rng = random.Random(seed)
     system_prompt = random_prompt(rng, prefix_len, vocab_size)
@@ -96,29 +120,52 @@ def prefix_caching_ttft(model, workload: Workload, *, block_size: int = 16, roun
     hit_rate = 0.0
     for _ in tqdm(range(rounds), desc="prefix caching: off vs on, alternating"):
         for mode in ttft:
-            engine = Engine(model, "chunked", max_num_seqs=4, max_num_batched_tokens=max_model_len,
-                            max_model_len=max_model_len, kv_store="paged", block_size=block_size,
-                            enable_prefix_caching=mode == "on", log_steps=True)
+            engine = Engine(
+                model,
+                "chunked",
+                max_num_seqs=4,
+                max_num_batched_tokens=max_model_len,
+                max_model_len=max_model_len,
+                kv_store="paged",
+                block_size=block_size,
+                enable_prefix_caching=mode == "on",
+                log_steps=True,
+            )
             replay(engine, [workload.prompts[0][:32]], benchmark_params(2))  # warm-up, caches nothing shared
-            metrics = calculate_metrics(replay(engine, workload.prompts, [benchmark_params(n) for n in workload.output_lens],
-                                               max_concurrency=1))
+            metrics = calculate_metrics(
+                replay(engine, workload.prompts, [benchmark_params(n) for n in workload.output_lens], max_concurrency=1)
+            )
             ttft[mode].append(metrics["median_ttft_ms"])
             hit_rate = engine.prefix_cache_hit_rate if mode == "on" else hit_rate
-    return {"median_ttft_ms": {mode: spread(values) for mode, values in ttft.items()},
-            "ttft_ratio_off_over_on": statistics.median(ttft["off"]) / statistics.median(ttft["on"]),
-            "hit_rate": hit_rate, "num_requests": len(workload.prompts)}
+    return {
+        "median_ttft_ms": {mode: spread(values) for mode, values in ttft.items()},
+        "ttft_ratio_off_over_on": statistics.median(ttft["off"]) / statistics.median(ttft["on"]),
+        "hit_rate": hit_rate,
+        "num_requests": len(workload.prompts),
+    }
 
 
 @torch.no_grad()
-def indirection_cost(model, batch: int = 32, context: int = 288, block_size: int = 16, steps: int = 20,
-                     rounds: int = 3) -> dict:
+def indirection_cost(
+    model, batch: int = 32, context: int = 288, block_size: int = 16, steps: int = 20, rounds: int = 3
+) -> dict:
     """Median ms of a decode step of `batch` sequences: slots read in place vs small blocks gathered."""
     prompt = list(range(1, context + 1))
     engines = {
-        "slots": Engine(model, max_num_seqs=batch, max_num_batched_tokens=batch * context,
-                        max_model_len=context + rounds * steps + 8),
-        "paged": Engine(model, max_num_seqs=batch, max_num_batched_tokens=batch * context,
-                        max_model_len=context + rounds * steps + 8, kv_store="paged", block_size=block_size),
+        "slots": Engine(
+            model,
+            max_num_seqs=batch,
+            max_num_batched_tokens=batch * context,
+            max_model_len=context + rounds * steps + 8,
+        ),
+        "paged": Engine(
+            model,
+            max_num_seqs=batch,
+            max_num_batched_tokens=batch * context,
+            max_model_len=context + rounds * steps + 8,
+            kv_store="paged",
+            block_size=block_size,
+        ),
     }
     for engine in engines.values():
         for _ in range(batch):
@@ -134,13 +181,20 @@ def indirection_cost(model, batch: int = 32, context: int = 288, block_size: int
                 engine.step()
                 times.append((time.perf_counter() - start) * 1e3)
             step_ms[name].append(statistics.median(times))
-    return {"batch": batch, "context": context, "block_size": block_size,
-            "decode_step_ms": {name: spread(values) for name, values in step_ms.items()},
-            "ratio_paged_over_slots": statistics.median(step_ms["paged"]) / statistics.median(step_ms["slots"])}
+    return {
+        "batch": batch,
+        "context": context,
+        "block_size": block_size,
+        "decode_step_ms": {name: spread(values) for name, values in step_ms.items()},
+        "ratio_paged_over_slots": statistics.median(step_ms["paged"]) / statistics.median(step_ms["slots"]),
+    }
 
 
-TARGETS = {"throughput_ratio_paged_over_slots": (">=", 1.5), "ttft_ratio_off_over_on": (">=", 3.0),
-           "ratio_paged_over_slots": ("<=", 1.25)}
+TARGETS = {
+    "throughput_ratio_paged_over_slots": (">=", 1.5),
+    "ttft_ratio_off_over_on": (">=", 3.0),
+    "ratio_paged_over_slots": ("<=", 1.25),
+}
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -160,11 +214,15 @@ def main(argv: list[str] | None = None) -> dict:
             "prefix": prefix_caching_ttft(model, shared_prefix_workload(vocab, 12, 1024, 16, 8), rounds=args.rounds),
             "indirection": indirection_cost(model, rounds=args.rounds),
         }
-    summary = {"throughput_ratio_paged_over_slots": results["capacity"]["throughput_ratio_paged_over_slots"],
-               "ttft_ratio_off_over_on": results["prefix"]["ttft_ratio_off_over_on"],
-               "ratio_paged_over_slots": results["indirection"]["ratio_paged_over_slots"]}
-    summary["targets"] = {key: f"{op} {value}: {'met' if (summary[key] >= value if op == '>=' else summary[key] <= value) else 'MISSED'}"
-                          for key, (op, value) in TARGETS.items()}
+    summary = {
+        "throughput_ratio_paged_over_slots": results["capacity"]["throughput_ratio_paged_over_slots"],
+        "ttft_ratio_off_over_on": results["prefix"]["ttft_ratio_off_over_on"],
+        "ratio_paged_over_slots": results["indirection"]["ratio_paged_over_slots"],
+    }
+    summary["targets"] = {
+        key: f"{op} {value}: {'met' if (summary[key] >= value if op == '>=' else summary[key] <= value) else 'MISSED'}"
+        for key, (op, value) in TARGETS.items()
+    }
     path = save_results(f"08_paged_kv_{profile.name}", [], provenance(lm), **results, summary=summary)
     print(f"wrote {path}: {summary}")
     return results

@@ -26,7 +26,7 @@ from transformers.generation.streamers import BaseStreamer
 
 from infer import hf
 from infer.metrics import calculate_metrics, slo_from_profile
-from infer.profiles import BenchmarkGrid, dtype_name
+from infer.profiles import BenchmarkGrid
 from infer.prompts import random_prompt_ids
 from infer.records import RequestRecord
 from infer.timing import synchronize
@@ -75,8 +75,9 @@ def serve_one(model, prompt_ids: torch.Tensor, output_len: int, send_time: float
     return RequestRecord(prompt_len, send_time, chunk_times=stamps.times, chunk_tokens=stamps.tokens)
 
 
-def run_sequential_server(model, prompts: torch.Tensor, output_len: int, concurrency: int,
-                          progress=None) -> list[RequestRecord]:
+def run_sequential_server(
+    model, prompts: torch.Tensor, output_len: int, concurrency: int, progress=None
+) -> list[RequestRecord]:
     """Serve each row of `prompts` [n, len] one at a time, with `concurrency` requests in flight.
 
     The client sends `concurrency` requests at once and a new one whenever one finishes; the
@@ -93,7 +94,7 @@ def run_sequential_server(model, prompts: torch.Tensor, output_len: int, concurr
     records = []
     while in_flight:
         index, send_time = in_flight.popleft()
-        records.append(serve_one(model, prompts[index:index + 1], output_len, send_time))
+        records.append(serve_one(model, prompts[index : index + 1], output_len, send_time))
         if progress is not None:
             progress.update(1)
         if waiting_to_send:  # the finished request freed a slot: the client sends the next at once
@@ -160,8 +161,15 @@ def steady_state(records: list[RequestRecord], concurrency: int) -> tuple[list[R
     return measured, max(r.finish_time for r in measured) - start
 
 
-def run_baseline_grid(lm, grid: BenchmarkGrid | None = None, *, sizes: BaselineSizes | None = None,
-                      slo_ms: dict | None = None, progress: bool = True, seed: int = 0) -> tuple[list[dict], dict]:
+def run_baseline_grid(
+    lm,
+    grid: BenchmarkGrid | None = None,
+    *,
+    sizes: BaselineSizes | None = None,
+    slo_ms: dict | None = None,
+    progress: bool = True,
+    seed: int = 0,
+) -> tuple[list[dict], dict]:
     """Run the sequential `generate()` baseline over every cell of the grid.
 
     Returns (runs, records): one vLLM-keyed result per cell (plus the cell's settings), and the raw
@@ -188,22 +196,35 @@ def run_baseline_grid(lm, grid: BenchmarkGrid | None = None, *, sizes: BaselineS
         served = run_sequential_server(lm.model, prompts, output_len, concurrency, progress=bar)
         measured, duration_s = steady_state(served, concurrency)
         records[(input_len, output_len, concurrency)] = measured
-        runs.append({"backend": BASELINE_BACKEND, "input_len": input_len, "output_len": output_len,
-                     "max_concurrency": concurrency, "request_rate": "inf", "num_prompts": n,
-                     "num_warmups": sizes.warmup, "num_ramp_up": concurrency - 1,
-                     **calculate_metrics(measured, slo_ms=slo_ms, duration_s=duration_s)})
+        runs.append(
+            {
+                "backend": BASELINE_BACKEND,
+                "input_len": input_len,
+                "output_len": output_len,
+                "max_concurrency": concurrency,
+                "request_rate": "inf",
+                "num_prompts": n,
+                "num_warmups": sizes.warmup,
+                "num_ramp_up": concurrency - 1,
+                **calculate_metrics(measured, slo_ms=slo_ms, duration_s=duration_s),
+            }
+        )
     bar.close()
     return runs, records
 
 
 def baseline_settings(grid: BenchmarkGrid, sizes: BaselineSizes, slo_ms: dict) -> dict:
     """The settings a results file records next to its runs."""
-    return {"grid": asdict(grid), "baseline_sizes": asdict(sizes), "goodput_slo_ms": dict(slo_ms),
-            "concurrency_model": "client keeps max_concurrency requests in flight; the server serves them "
-                                 "one at a time, first come first served; TTFT includes the queueing",
-            "ramp_up": "the first max_concurrency - 1 requests (sent together, so they queue less) are served but "
-                       "not measured; duration runs from the server's start on the first measured request",
-            "percentiles_reported": f"only those with at least {TAIL_REQUESTS} measured requests beyond them"}
+    return {
+        "grid": asdict(grid),
+        "baseline_sizes": asdict(sizes),
+        "goodput_slo_ms": dict(slo_ms),
+        "concurrency_model": "client keeps max_concurrency requests in flight; the server serves them "
+        "one at a time, first come first served; TTFT includes the queueing",
+        "ramp_up": "the first max_concurrency - 1 requests (sent together, so they queue less) are served but "
+        "not measured; duration runs from the server's start on the first measured request",
+        "percentiles_reported": f"only those with at least {TAIL_REQUESTS} measured requests beyond them",
+    }
 
 
 # ---------------------------------------------------------------- tables and figures
@@ -216,16 +237,24 @@ def format_runs_table(runs: list[dict]) -> str:
     """One line per run: throughput, goodput, and TTFT/TPOT percentiles (ms), each only where the
     run's n measured requests support it (`supported_percentiles`; "-" elsewhere)."""
     ttft_head = " ".join(f"{f'p{p}':>7}" for p in TABLE_PERCENTILES)
-    lines = [f"{'in':>5} {'out':>4} {'conc':>4} {'n':>3} | {'req/s':>6} {'good/s':>6} {'out tok/s':>9} | "
-             f"TTFT ms {ttft_head} | TPOT ms {ttft_head}"]
+    lines = [
+        f"{'in':>5} {'out':>4} {'conc':>4} {'n':>3} | {'req/s':>6} {'good/s':>6} {'out tok/s':>9} | "
+        f"TTFT ms {ttft_head} | TPOT ms {ttft_head}"
+    ]
     for r in runs:
         goodput = "-" if r.get("request_goodput") is None else f"{r['request_goodput']:.2f}"
         shown = supported_percentiles(r["completed"], TABLE_PERCENTILES)
-        cells = {metric: " ".join(f"{r[f'p{p}_{metric}_ms']:>7.1f}" if p in shown else f"{'-':>7}"
-                                  for p in TABLE_PERCENTILES) for metric in ("ttft", "tpot")}
-        lines.append(f"{r['input_len']:>5} {r['output_len']:>4} {r['max_concurrency']:>4} {r['completed']:>3} | "
-                     f"{r['request_throughput']:>6.2f} {goodput:>6} {r['output_throughput']:>9.1f} | "
-                     f"{'':7} {cells['ttft']} | {'':7} {cells['tpot']}")
+        cells = {
+            metric: " ".join(
+                f"{r[f'p{p}_{metric}_ms']:>7.1f}" if p in shown else f"{'-':>7}" for p in TABLE_PERCENTILES
+            )
+            for metric in ("ttft", "tpot")
+        }
+        lines.append(
+            f"{r['input_len']:>5} {r['output_len']:>4} {r['max_concurrency']:>4} {r['completed']:>3} | "
+            f"{r['request_throughput']:>6.2f} {goodput:>6} {r['output_throughput']:>9.1f} | "
+            f"{'':7} {cells['ttft']} | {'':7} {cells['tpot']}"
+        )
     return "\n".join(lines)
 
 
@@ -240,8 +269,12 @@ def _series(runs: list[dict]):
 def plot_throughput(ax, runs: list[dict]) -> None:
     """Output tokens/s against concurrency, one line per (input, output) length."""
     for (input_len, output_len), rs in _series(runs).items():
-        ax.plot([r["max_concurrency"] for r in rs], [r["output_throughput"] for r in rs], marker="o",
-                label=f"{input_len} in / {output_len} out")
+        ax.plot(
+            [r["max_concurrency"] for r in rs],
+            [r["output_throughput"] for r in rs],
+            marker="o",
+            label=f"{input_len} in / {output_len} out",
+        )
     concurrencies = sorted({r["max_concurrency"] for r in runs})
     ax.set_xscale("log", base=2)
     ax.set_xticks(concurrencies, [str(c) for c in concurrencies])
@@ -257,13 +290,19 @@ def plot_latency(ax, runs: list[dict], metric: str) -> None:
     ("ttft" or "tpot") against concurrency."""
     fewest = min(r["completed"] for r in runs)
     tails = supported_percentiles(fewest, [p for p in TABLE_PERCENTILES if p > 50])
-    for index, ((input_len, output_len), rs) in enumerate(_series(runs).items()):
+    for index, ((input_len, _output_len), rs) in enumerate(_series(runs).items()):
         x = [r["max_concurrency"] for r in rs]
         color = f"C{index}"
         ax.plot(x, [r[f"p50_{metric}_ms"] for r in rs], marker="o", color=color, label=f"{input_len} in: p50")
         if tails:
-            ax.plot(x, [r[f"p{tails[-1]}_{metric}_ms"] for r in rs], marker="^", color=color, linestyle="--",
-                    label=f"{input_len} in: p{tails[-1]}")
+            ax.plot(
+                x,
+                [r[f"p{tails[-1]}_{metric}_ms"] for r in rs],
+                marker="^",
+                color=color,
+                linestyle="--",
+                label=f"{input_len} in: p{tails[-1]}",
+            )
     concurrencies = sorted({r["max_concurrency"] for r in runs})
     ax.set_xscale("log", base=2)
     ax.set_xticks(concurrencies, [str(c) for c in concurrencies])
@@ -298,8 +337,15 @@ def plot_request_timeline(ax, record: RequestRecord, service_start: float | None
     if len(t) > 1:
         ax.annotate("", xy=(t[1], 2.9), xytext=(t[0], 2.9), arrowprops=dict(arrowstyle="<->", color="C3"))
         ax.text(t[1], 3.0, f"one ITL: {lat.itls_ms[0]:.1f} ms", color="C3", ha="left", va="bottom", fontsize=8)
-        ax.text(t[-1], 1.62, f"TPOT = ({lat.e2el_ms:.0f} - {lat.ttft_ms:.0f}) / "
-                f"{record.num_output_tokens - 1} = {lat.tpot_ms:.1f} ms", ha="right", va="top", fontsize=8, color="C0")
+        ax.text(
+            t[-1],
+            1.62,
+            f"TPOT = ({lat.e2el_ms:.0f} - {lat.ttft_ms:.0f}) / {record.num_output_tokens - 1} = {lat.tpot_ms:.1f} ms",
+            ha="right",
+            va="top",
+            fontsize=8,
+            color="C0",
+        )
     ax.set_yticks([2], ["request"])
     ax.set_ylim(-0.2, 3.6)
     ax.set_xlim(-0.02 * t[-1], t[-1] * 1.05)

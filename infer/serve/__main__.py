@@ -28,14 +28,25 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
 
     lm = load_model(profile=pick_profile(args.profile), weights=args.weights)
-    settings = EngineSettings(args.policy, args.max_num_seqs, args.max_num_batched_tokens, args.max_model_len,
-                              args.kv_store, args.num_kv_blocks, args.block_size, args.enable_prefix_caching)
+    settings = EngineSettings(
+        args.policy,
+        args.max_num_seqs,
+        args.max_num_batched_tokens,
+        args.max_model_len,
+        args.kv_store,
+        args.num_kv_blocks,
+        args.block_size,
+        args.enable_prefix_caching,
+    )
     served = build_served(lm, settings)
     url = f"http://{LOOPBACK}:{args.port}/v1"
-    print(f"Serving {served.model_name} ({settings.policy} policy) at {url}  (OpenAI-compatible; also "
-          f"http://{LOOPBACK}:{args.port}/metrics and /health). Try:\n"
-          f"  curl {url}/completions -H 'Content-Type: application/json' "
-          f"-d '{{\"model\": \"{served.model_name}\", \"prompt\": \"Hello\", \"max_tokens\": 8}}'", flush=True)
+    print(
+        f"Serving {served.model_name} ({settings.policy} policy) at {url}  (OpenAI-compatible; also "
+        f"http://{LOOPBACK}:{args.port}/metrics and /health). Try:\n"
+        f"  curl {url}/completions -H 'Content-Type: application/json' "
+        f'-d \'{{"model": "{served.model_name}", "prompt": "Hello", "max_tokens": 8}}\'',
+        flush=True,
+    )
     try:
         uvicorn.run(build_app(served), host=LOOPBACK, port=args.port, log_level="warning")
     finally:

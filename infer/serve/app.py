@@ -23,11 +23,11 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from infer.engine import SamplingParams
+from infer.serve import protocol
 from infer.serve.chat import chat_prompt_ids
 from infer.serve.detokenize import IncrementalDetokenizer
 from infer.serve.engine_thread import Delivery, EngineThread
 from infer.serve.metrics import ServerMetrics
-from infer.serve import protocol
 from infer.serve.protocol import BadRequest, ChatCompletionRequest, CompletionRequest
 
 COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's and vLLM's default for /v1/completions
@@ -69,8 +69,18 @@ def build_app(served: Served) -> FastAPI:
 
     @app.get("/v1/models")
     async def models():
-        return {"object": "list", "data": [{"id": served.model_name, "object": "model", "created": int(time.time()),
-                                            "owned_by": "infer", "max_model_len": served.max_model_len}]}
+        return {
+            "object": "list",
+            "data": [
+                {
+                    "id": served.model_name,
+                    "object": "model",
+                    "created": int(time.time()),
+                    "owned_by": "infer",
+                    "max_model_len": served.max_model_len,
+                }
+            ],
+        }
 
     @app.post("/v1/completions")
     async def completions(request: Request):
@@ -79,7 +89,9 @@ def build_app(served: Served) -> FastAPI:
         prompts = [prompt_ids(served, p, i) for i, p in enumerate(body.prompts())]
         if not prompts:
             raise BadRequest("prompt: the list of prompts is empty", param="prompt")
-        params = sampling_params(body, body.max_tokens if body.max_tokens is not None else COMPLETION_DEFAULT_MAX_TOKENS)
+        params = sampling_params(
+            body, body.max_tokens if body.max_tokens is not None else COMPLETION_DEFAULT_MAX_TOKENS
+        )
         return await respond(request, served, body, prompts, params, CompletionStyle(served.model_name))
 
     @app.post("/v1/chat/completions")
@@ -90,16 +102,20 @@ def build_app(served: Served) -> FastAPI:
         max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
         if max_tokens is None:  # vLLM's default for chat: whatever room the context has left
             max_tokens = max(1, served.max_model_len - len(prompt))
-        return await respond(request, served, body, [prompt], sampling_params(body, max_tokens),
-                             ChatStyle(served.model_name))
+        return await respond(
+            request, served, body, [prompt], sampling_params(body, max_tokens), ChatStyle(served.model_name)
+        )
 
     return app
 
 
 def check_model(served: Served, model: str | None) -> None:
     if model is not None and model != served.model_name:
-        raise BadRequest(f"The model `{model}` does not exist. This server serves `{served.model_name}` "
-                         f"(GET /v1/models).", status=404, param="model")
+        raise BadRequest(
+            f"The model `{model}` does not exist. This server serves `{served.model_name}` (GET /v1/models).",
+            status=404,
+            param="model",
+        )
 
 
 def prompt_ids(served: Served, prompt: str | list[int], index: int) -> list[int]:
@@ -110,8 +126,15 @@ def prompt_ids(served: Served, prompt: str | list[int], index: int) -> list[int]
 
 
 def sampling_params(body: protocol.SamplingFields, max_tokens: int) -> SamplingParams:
-    return SamplingParams(max_tokens=max_tokens, temperature=body.temperature, top_p=body.top_p, top_k=body.top_k,
-                          seed=body.seed, ignore_eos=body.ignore_eos, stop_token_ids=tuple(body.stop_token_ids))
+    return SamplingParams(
+        max_tokens=max_tokens,
+        temperature=body.temperature,
+        top_p=body.top_p,
+        top_k=body.top_k,
+        seed=body.seed,
+        ignore_eos=body.ignore_eos,
+        stop_token_ids=tuple(body.stop_token_ids),
+    )
 
 
 # ---------------------------------------------------------------- answering
@@ -142,12 +165,22 @@ class ChatStyle(CompletionStyle):
         return protocol.chat_chunk(request_id, self.model, index, delta, finish_reason)
 
     def choice(self, index, text, finish_reason):
-        return {"index": index, "message": {"role": "assistant", "content": text}, "logprobs": None,
-                "finish_reason": finish_reason}
+        return {
+            "index": index,
+            "message": {"role": "assistant", "content": text},
+            "logprobs": None,
+            "finish_reason": finish_reason,
+        }
 
 
-async def respond(request: Request, served: Served, body: protocol.SamplingFields, prompts: list[list[int]],
-                  params: SamplingParams, style: CompletionStyle):
+async def respond(
+    request: Request,
+    served: Served,
+    body: protocol.SamplingFields,
+    prompts: list[list[int]],
+    params: SamplingParams,
+    style: CompletionStyle,
+):
     """Queue the prompts (one engine request per choice), then stream or collect their tokens."""
     request_id = protocol.new_id(style.id_prefix)
     queue: asyncio.Queue = asyncio.Queue()
@@ -155,8 +188,9 @@ async def respond(request: Request, served: Served, body: protocol.SamplingField
     engine_ids: list[str] = []
     try:
         for index, ids in enumerate(prompts):
-            engine_ids.append(await asyncio.to_thread(served.engine_thread.add, ids, params, queue, loop,
-                                                      f"{request_id}-{index}"))
+            engine_ids.append(
+                await asyncio.to_thread(served.engine_thread.add, ids, params, queue, loop, f"{request_id}-{index}")
+            )
     except ValueError as exc:  # the engine's own checks: lengths, vocabulary, sampling values
         for engine_id in engine_ids:
             served.engine_thread.abort(engine_id)
@@ -170,8 +204,15 @@ async def respond(request: Request, served: Served, body: protocol.SamplingField
 class Answer:
     """One HTTP request's choices as their tokens come back from the engine thread."""
 
-    def __init__(self, served: Served, style: CompletionStyle, request_id: str, engine_ids: list[str],
-                 prompts: list[list[int]], queue: asyncio.Queue):
+    def __init__(
+        self,
+        served: Served,
+        style: CompletionStyle,
+        request_id: str,
+        engine_ids: list[str],
+        prompts: list[list[int]],
+        queue: asyncio.Queue,
+    ):
         self.served, self.style, self.request_id, self.queue = served, style, request_id, queue
         self.engine_ids = engine_ids
         self.index = {engine_id: i for i, engine_id in enumerate(engine_ids)}
@@ -216,8 +257,15 @@ class Answer:
                 yield protocol.SSE_DONE
                 return
             if include_usage:
-                yield protocol.sse(protocol.usage_chunk(self.request_id, self.style.model, self.style.object_chunk,
-                                                        self.prompt_tokens, self.completion_tokens))
+                yield protocol.sse(
+                    protocol.usage_chunk(
+                        self.request_id,
+                        self.style.model,
+                        self.style.object_chunk,
+                        self.prompt_tokens,
+                        self.completion_tokens,
+                    )
+                )
             yield protocol.SSE_DONE
         finally:  # normal end, client gone (cancelled), or error: nothing may keep running
             self.abort_unfinished()
@@ -240,11 +288,17 @@ class Answer:
         if not collecting.done() or collecting.cancelled():
             return Response(status_code=499)  # the client left; nobody reads this
         collecting.result()  # re-raises an engine failure as a 500
-        choices = [self.style.choice(i, text, reason) for i, (text, reason) in
-                   enumerate(zip(self.texts, self.finish_reasons))]
-        return {"id": self.request_id, "object": self.style.object_reply, "created": int(time.time()),
-                "model": self.style.model, "choices": choices,
-                "usage": protocol.usage(self.prompt_tokens, self.completion_tokens)}
+        choices = [
+            self.style.choice(i, text, reason) for i, (text, reason) in enumerate(zip(self.texts, self.finish_reasons))
+        ]
+        return {
+            "id": self.request_id,
+            "object": self.style.object_reply,
+            "created": int(time.time()),
+            "model": self.style.model,
+            "choices": choices,
+            "usage": protocol.usage(self.prompt_tokens, self.completion_tokens),
+        }
 
 
 async def wait_for_disconnect(request: Request) -> None:

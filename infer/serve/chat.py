@@ -6,7 +6,7 @@ token, and ends with `assistant: ` so that the model continues as the assistant:
 
     <|bos|>system: Be brief.
     user: Hi
-    assistant: 
+    assistant:
 
 `export.py` saves it with the random model's tokenizer, so that vLLM serving the exported folder
 builds exactly the same prompt.

@@ -35,30 +35,49 @@ class BenchRequest:
     output_len: int
 
 
-def random_workload(vocab_size: int, special_ids, num_prompts: int, input_len: int, output_len: int, *,
-                    range_ratio: float = 0.0, seed: int = 0) -> list[BenchRequest]:
+def random_workload(
+    vocab_size: int,
+    special_ids,
+    num_prompts: int,
+    input_len: int,
+    output_len: int,
+    *,
+    range_ratio: float = 0.0,
+    seed: int = 0,
+) -> list[BenchRequest]:
     """vLLM's random dataset as token ids: lengths uniform in [len x (1 - r), len x (1 + r)],
     and each prompt a run of consecutive allowed ids from a random offset (vllm.benchmarks.datasets)."""
     if num_prompts < 1 or input_len < 1 or output_len < 1:
-        raise ValueError(f"num_prompts, input_len and output_len must be >= 1, got {num_prompts}, {input_len}, {output_len}")
+        raise ValueError(
+            f"num_prompts, input_len and output_len must be >= 1, got {num_prompts}, {input_len}, {output_len}"
+        )
     if not 0.0 <= range_ratio < 1.0:
         raise ValueError(f"range_ratio must lie in [0, 1), got {range_ratio}")
     rng = np.random.default_rng(seed)
-    input_lens = rng.integers(math.floor(input_len * (1 - range_ratio)), math.ceil(input_len * (1 + range_ratio)) + 1,
-                              size=num_prompts)
-    output_lens = rng.integers(max(1, math.floor(output_len * (1 - range_ratio))),
-                               max(1, math.ceil(output_len * (1 + range_ratio))) + 1, size=num_prompts)
+    input_lens = rng.integers(
+        math.floor(input_len * (1 - range_ratio)), math.ceil(input_len * (1 + range_ratio)) + 1, size=num_prompts
+    )
+    output_lens = rng.integers(
+        max(1, math.floor(output_len * (1 - range_ratio))),
+        max(1, math.ceil(output_len * (1 + range_ratio))) + 1,
+        size=num_prompts,
+    )
     offsets = rng.integers(0, vocab_size, size=num_prompts)
     allowed = np.array(sorted(set(range(vocab_size)) - set(special_ids)))
-    return [BenchRequest(allowed[(offsets[i] + i + np.arange(max(1, input_lens[i]))) % len(allowed)].tolist(),
-                         int(output_lens[i])) for i in range(num_prompts)]
+    return [
+        BenchRequest(
+            allowed[(offsets[i] + i + np.arange(max(1, input_lens[i]))) % len(allowed)].tolist(), int(output_lens[i])
+        )
+        for i in range(num_prompts)
+    ]
 
 
 def workload_for_model(config, num_prompts: int, input_len: int, output_len: int, **kwargs) -> list[BenchRequest]:
     """random_workload for a `transformers` config: its vocabulary, without its special tokens."""
     special = [getattr(config, key, None) for key in ("bos_token_id", "eos_token_id", "pad_token_id")]
-    return random_workload(config.vocab_size, [i for i in special if i is not None], num_prompts, input_len,
-                           output_len, **kwargs)
+    return random_workload(
+        config.vocab_size, [i for i in special if i is not None], num_prompts, input_len, output_len, **kwargs
+    )
 
 
 # ---------------------------------------------------------------- one stream
@@ -69,7 +88,7 @@ def parse_sse_line(line: str) -> dict | None:
     comments (": ping"), other fields, and the final `data: [DONE]`."""
     if not line.startswith("data:"):
         return None
-    payload = line[len("data:"):].strip()
+    payload = line[len("data:") :].strip()
     if payload == "[DONE]":
         return None
     return json.loads(payload)
@@ -103,9 +122,17 @@ def stream_record(prompt_len: int, send_time: float, events: list[tuple[float, s
 
 def completion_payload(model: str, request: BenchRequest, ignore_eos: bool) -> dict:
     """The body `vllm bench serve` sends to /v1/completions, with the prompt as token ids."""
-    return {"model": model, "prompt": request.prompt_ids, "max_tokens": request.output_len, "temperature": 0.0,
-            "repetition_penalty": 1.0, "logprobs": None, "ignore_eos": ignore_eos, "stream": True,
-            "stream_options": {"include_usage": True}}
+    return {
+        "model": model,
+        "prompt": request.prompt_ids,
+        "max_tokens": request.output_len,
+        "temperature": 0.0,
+        "repetition_penalty": 1.0,
+        "logprobs": None,
+        "ignore_eos": ignore_eos,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
 
 
 async def send_request(client, url: str, model: str, request: BenchRequest, ignore_eos: bool) -> RequestRecord:
@@ -117,8 +144,12 @@ async def send_request(client, url: str, model: str, request: BenchRequest, igno
         async with client.stream("POST", url, json=completion_payload(model, request, ignore_eos)) as response:
             if response.status_code != 200:
                 body = (await response.aread()).decode(errors="replace")
-                return RequestRecord(prompt_len, send_time, error=f"HTTP {response.status_code}: {body[:500]}",
-                                     end_time=time.perf_counter())
+                return RequestRecord(
+                    prompt_len,
+                    send_time,
+                    error=f"HTTP {response.status_code}: {body[:500]}",
+                    end_time=time.perf_counter(),
+                )
             async for line in response.aiter_lines():
                 events.append((time.perf_counter(), line))  # the clock first, the parsing later
     except Exception as exc:  # noqa: BLE001 - a benchmark counts failures instead of stopping
@@ -129,10 +160,19 @@ async def send_request(client, url: str, model: str, request: BenchRequest, igno
 # ---------------------------------------------------------------- a benchmark run
 
 
-async def run_benchmark_async(base_url: str, model: str, requests: list[BenchRequest], *,
-                              request_rate: float = math.inf, burstiness: float = 1.0,
-                              max_concurrency: int | None = None, ignore_eos: bool = True, seed: int = 0,
-                              slo_ms: dict | None = None, progress: bool = True) -> tuple[dict, list[RequestRecord]]:
+async def run_benchmark_async(
+    base_url: str,
+    model: str,
+    requests: list[BenchRequest],
+    *,
+    request_rate: float = math.inf,
+    burstiness: float = 1.0,
+    max_concurrency: int | None = None,
+    ignore_eos: bool = True,
+    seed: int = 0,
+    slo_ms: dict | None = None,
+    progress: bool = True,
+) -> tuple[dict, list[RequestRecord]]:
     import httpx
     from tqdm.auto import tqdm
 
@@ -162,11 +202,22 @@ async def run_benchmark_async(base_url: str, model: str, requests: list[BenchReq
         records = await asyncio.gather(*(one(r, o) for r, o in zip(requests, offsets)))
         duration_s = time.perf_counter() - start  # the wall clock, as vLLM's duration
         bar.close()
-    settings = {"backend": "openai", "base_url": base_url, "model_id": model, "num_prompts": len(requests),
-                "request_rate": "inf" if math.isinf(request_rate) else request_rate, "burstiness": burstiness,
-                "max_concurrency": max_concurrency, "ignore_eos": ignore_eos, "num_warmups": 1}
-    return {**settings, **calculate_metrics(records, slo_ms=slo_ms, duration_s=duration_s),
-            **detailed_fields(records)}, list(records)
+    settings = {
+        "backend": "openai",
+        "base_url": base_url,
+        "model_id": model,
+        "num_prompts": len(requests),
+        "request_rate": "inf" if math.isinf(request_rate) else request_rate,
+        "burstiness": burstiness,
+        "max_concurrency": max_concurrency,
+        "ignore_eos": ignore_eos,
+        "num_warmups": 1,
+    }
+    return {
+        **settings,
+        **calculate_metrics(records, slo_ms=slo_ms, duration_s=duration_s),
+        **detailed_fields(records),
+    }, list(records)
 
 
 def detailed_fields(records: list[RequestRecord]) -> dict:
@@ -181,7 +232,9 @@ def detailed_fields(records: list[RequestRecord]) -> dict:
     }
 
 
-def run_benchmark(base_url: str, model: str, requests: list[BenchRequest], **kwargs) -> tuple[dict, list[RequestRecord]]:
+def run_benchmark(
+    base_url: str, model: str, requests: list[BenchRequest], **kwargs
+) -> tuple[dict, list[RequestRecord]]:
     """run_benchmark_async from ordinary code, including a notebook (whose event loop is already
     running: the run then gets a fresh loop in a worker thread)."""
     coroutine = run_benchmark_async(base_url, model, requests, **kwargs)

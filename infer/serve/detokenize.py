@@ -20,9 +20,9 @@ class IncrementalDetokenizer:
         """Append tokens and return the text they complete (possibly "")."""
         self.ids.extend(token_ids)
         decode = self.tokenizer.decode
-        prefix_text = decode(self.ids[self.prefix_offset:self.read_offset], skip_special_tokens=True)
-        full_text = decode(self.ids[self.prefix_offset:], skip_special_tokens=True)
+        prefix_text = decode(self.ids[self.prefix_offset : self.read_offset], skip_special_tokens=True)
+        full_text = decode(self.ids[self.prefix_offset :], skip_special_tokens=True)
         if full_text.endswith(REPLACEMENT_CHAR) or len(full_text) <= len(prefix_text):
             return ""  # an incomplete character (or only special tokens): wait for more
         self.prefix_offset, self.read_offset = self.read_offset, len(self.ids)
-        return full_text[len(prefix_text):]
+        return full_text[len(prefix_text) :]

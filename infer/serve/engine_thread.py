@@ -65,8 +65,14 @@ class EngineThread:
 
     # ------------------------------------------------------------ called by the app
 
-    def add(self, prompt_ids: list[int], params: SamplingParams, queue: asyncio.Queue,
-            loop: asyncio.AbstractEventLoop, request_id: str | None = None) -> str:
+    def add(
+        self,
+        prompt_ids: list[int],
+        params: SamplingParams,
+        queue: asyncio.Queue,
+        loop: asyncio.AbstractEventLoop,
+        request_id: str | None = None,
+    ) -> str:
         """Queue a request whose outputs go to `queue` (on `loop`). Raises ValueError for bad input."""
         if not self.alive:
             raise RuntimeError(f"the engine loop is not running ({self.error!r})")

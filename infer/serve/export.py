@@ -2,8 +2,8 @@
 a local path, so both servers of week 07 serve the very same random weights.
 
 The folder is what `save_pretrained` writes for the model and for the course's byte-level
-tokenizer (with the plain chat template of chat.py when it has none). It is rebuilt only when missing: the weights are a function of (model name, seed), so
-a folder written once stays right."""
+tokenizer (with the plain chat template of chat.py when it has none). It is rebuilt only when
+missing: the weights are a function of (model name, seed), so a folder written once stays right."""
 
 import os
 from pathlib import Path

@@ -16,8 +16,24 @@ import httpx
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 # Bucket edges in seconds: from a tiny model's sub-millisecond decode step to a long queue.
-LATENCY_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24,
-                     20.48, 40.96)
+LATENCY_BUCKETS_S = (
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.02,
+    0.04,
+    0.08,
+    0.16,
+    0.32,
+    0.64,
+    1.28,
+    2.56,
+    5.12,
+    10.24,
+    20.48,
+    40.96,
+)
 
 
 class ServerMetrics:
@@ -30,26 +46,40 @@ class ServerMetrics:
             metric = Gauge(name, doc, list(labels), registry=self.registry)
             metric.labels(**labels).set_function(read)
 
-        gauge("infer:num_requests_running", "Requests holding KV room (prefilling or decoding).",
-              lambda: len(scheduler.running))
+        gauge(
+            "infer:num_requests_running",
+            "Requests holding KV room (prefilling or decoding).",
+            lambda: len(scheduler.running),
+        )
         gauge("infer:num_requests_waiting", "Requests queued for admission.", lambda: len(scheduler.waiting))
-        gauge("infer:kv_cache_usage_perc", "Fraction of the KV store in use (1 = full).",
-              lambda: engine.kv_store.usage)
+        gauge("infer:kv_cache_usage_perc", "Fraction of the KV store in use (1 = full).", lambda: engine.kv_store.usage)
         # The slot store reserves a whole sequence up front, so nothing is ever preempted; week 08's
         # paged store preempts when its blocks run out. Read from the engine, like the gauges.
-        gauge("infer:num_preemptions", "Requests preempted so far to free KV room (recomputed later).",
-              lambda: engine.num_preemptions)
-        gauge("infer:prefix_cache_hit_rate", "Prompt tokens found in the prefix cache, over those looked up.",
-              lambda: engine.prefix_cache_hit_rate)
-        self.open_streams = Gauge("infer:num_open_responses", "HTTP responses still being written.",
-                                  list(labels), registry=self.registry).labels(**labels)
-        self._finished = Counter("infer:request_success", "Requests ended, by finish reason (abort: the "
-                                 "client left).", [*labels, "finished_reason"], registry=self.registry)
+        gauge(
+            "infer:num_preemptions",
+            "Requests preempted so far to free KV room (recomputed later).",
+            lambda: engine.num_preemptions,
+        )
+        gauge(
+            "infer:prefix_cache_hit_rate",
+            "Prompt tokens found in the prefix cache, over those looked up.",
+            lambda: engine.prefix_cache_hit_rate,
+        )
+        self.open_streams = Gauge(
+            "infer:num_open_responses", "HTTP responses still being written.", list(labels), registry=self.registry
+        ).labels(**labels)
+        self._finished = Counter(
+            "infer:request_success",
+            "Requests ended, by finish reason (abort: the client left).",
+            [*labels, "finished_reason"],
+            registry=self.registry,
+        )
         self._labels = labels
 
         def histogram(name: str, doc: str):
-            return Histogram(name, doc, list(labels), buckets=LATENCY_BUCKETS_S,
-                             registry=self.registry).labels(**labels)
+            return Histogram(name, doc, list(labels), buckets=LATENCY_BUCKETS_S, registry=self.registry).labels(
+                **labels
+            )
 
         self.ttft = histogram("infer:time_to_first_token_seconds", "Arrival at the engine to the first token.")
         self.itl = histogram("infer:inter_token_latency_seconds", "Gap between a request's consecutive tokens.")

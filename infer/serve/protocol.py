@@ -30,8 +30,14 @@ ERROR_TYPES = {400: "BadRequestError", 404: "NotFoundError", 500: "InternalServe
 
 def error_body(message: str, status: int, param: str | None = None) -> dict:
     """OpenAI's error object, as vLLM sends it: {"error": {"message", "type", "param", "code"}}."""
-    return {"error": {"message": message, "type": ERROR_TYPES.get(status, "BadRequestError"), "param": param,
-                      "code": status}}
+    return {
+        "error": {
+            "message": message,
+            "type": ERROR_TYPES.get(status, "BadRequestError"),
+            "param": param,
+            "code": status,
+        }
+    }
 
 
 # ---------------------------------------------------------------- requests
@@ -67,10 +73,14 @@ class SamplingFields(BaseModel):
 
     def check_supported(self) -> None:
         if self.repetition_penalty != 1.0:
-            raise BadRequest(f"repetition_penalty {self.repetition_penalty} is not supported by this engine "
-                             f"(only 1.0, no penalty)", param="repetition_penalty")
+            raise BadRequest(
+                f"repetition_penalty {self.repetition_penalty} is not supported by this engine (only 1.0, no penalty)",
+                param="repetition_penalty",
+            )
         if self.logprobs not in (None, False, 0):
-            raise BadRequest(f"logprobs={self.logprobs!r} is not supported by this engine (only null)", param="logprobs")
+            raise BadRequest(
+                f"logprobs={self.logprobs!r} is not supported by this engine (only null)", param="logprobs"
+            )
         if self.n != 1:
             raise BadRequest(f"n={self.n} is not supported by this engine (only 1 completion per prompt)", param="n")
 
@@ -130,25 +140,44 @@ def new_id(prefix: str) -> str:
 
 
 def usage(prompt_tokens: int, completion_tokens: int) -> dict:
-    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens}
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }
 
 
 def completion_chunk(request_id: str, model: str, index: int, text: str, finish_reason: str | None) -> dict:
     """One streamed piece of a completion: `choices[0].text` is what `vllm bench serve` reads."""
-    return {"id": request_id, "object": "text_completion", "created": int(time.time()), "model": model,
-            "choices": [{"index": index, "text": text, "logprobs": None, "finish_reason": finish_reason}]}
+    return {
+        "id": request_id,
+        "object": "text_completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [{"index": index, "text": text, "logprobs": None, "finish_reason": finish_reason}],
+    }
 
 
 def chat_chunk(request_id: str, model: str, index: int, delta: dict, finish_reason: str | None) -> dict:
-    return {"id": request_id, "object": "chat.completion.chunk", "created": int(time.time()), "model": model,
-            "choices": [{"index": index, "delta": delta, "logprobs": None, "finish_reason": finish_reason}]}
+    return {
+        "id": request_id,
+        "object": "chat.completion.chunk",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [{"index": index, "delta": delta, "logprobs": None, "finish_reason": finish_reason}],
+    }
 
 
 def usage_chunk(request_id: str, model: str, obj: str, prompt_tokens: int, completion_tokens: int) -> dict:
     """The last message of a stream with include_usage: empty choices, then the token counts."""
-    return {"id": request_id, "object": obj, "created": int(time.time()), "model": model, "choices": [],
-            "usage": usage(prompt_tokens, completion_tokens)}
+    return {
+        "id": request_id,
+        "object": obj,
+        "created": int(time.time()),
+        "model": model,
+        "choices": [],
+        "usage": usage(prompt_tokens, completion_tokens),
+    }
 
 
 def sse(message: dict | str) -> str:

@@ -17,20 +17,24 @@ from vllm.utils.argparse_utils import FlexibleArgumentParser
 
 def main(argv: list[str]) -> None:
     if argv[:1] == ["serve"]:
-        from vllm.benchmarks.serve import add_cli_args, main as run
+        from vllm.benchmarks.serve import add_cli_args
+        from vllm.benchmarks.serve import main as run
+
         rest = argv[1:]
     elif argv[:2] == ["sweep", "serve"]:
-        from vllm.benchmarks.sweep.serve import SweepServeArgs, main as sweep_main
+        from vllm.benchmarks.sweep.serve import SweepServeArgs
+        from vllm.benchmarks.sweep.serve import main as sweep_main
 
         def add_cli_args(parser):
             SweepServeArgs.add_cli_args(parser)
 
         def run(args):
             sweep_main(args)
+
         rest = argv[2:]
     else:
         sys.exit("usage: vllm_bench.py serve [vllm bench serve options] | sweep serve [options]")
-    parser = FlexibleArgumentParser(prog=f"vllm bench {' '.join(argv[:len(argv) - len(rest)])}")
+    parser = FlexibleArgumentParser(prog=f"vllm bench {' '.join(argv[: len(argv) - len(rest)])}")
     add_cli_args(parser)
     run(parser.parse_args(rest))
 

@@ -61,11 +61,17 @@ def grade_naive_loop(naive_greedy_generate, model, prompts: int = 5) -> Verdict:
     verdict = grade_function(NAIVE_QID, naive_greedy_generate, hf.greedy_generate, cases, same_tokens, "")
     if not verdict.ok:
         return verdict
-    return (_recompute_verdict(naive_greedy_generate, cases[0])
-            or _timestamps_verdict(naive_greedy_generate, cases[0])
-            or Verdict(NAIVE_QID, True, f"token-identical to transformers' generate() on {prompts} random prompts "
-                                        f"({NAIVE_NEW_TOKENS} new tokens each, float32), the whole sequence at every "
-                                        f"step, one timestamp per token"))
+    return (
+        _recompute_verdict(naive_greedy_generate, cases[0])
+        or _timestamps_verdict(naive_greedy_generate, cases[0])
+        or Verdict(
+            NAIVE_QID,
+            True,
+            f"token-identical to transformers' generate() on {prompts} random prompts "
+            f"({NAIVE_NEW_TOKENS} new tokens each, float32), the whole sequence at every "
+            f"step, one timestamp per token",
+        )
+    )
 
 
 def _recompute_verdict(fn, case: Case) -> Verdict | None:
@@ -73,18 +79,30 @@ def _recompute_verdict(fn, case: Case) -> Verdict | None:
     with ForwardLengths(model) as seen, LibraryCalls(naive_greedy_generate) as calls:
         fn(model, prompt, new_tokens)
     if calls.seen:
-        return Verdict(NAIVE_QID, False, "your function calls the course library's own "
-                                         "infer.generate.naive_greedy_generate: the lab asks you to write it")
+        return Verdict(
+            NAIVE_QID,
+            False,
+            "your function calls the course library's own "
+            "infer.generate.naive_greedy_generate: the lab asks you to write it",
+        )
     wanted = [prompt.shape[1] + step for step in range(new_tokens)]
     if seen.lengths == wanted:
         return None
     if len(seen.lengths) != new_tokens:
-        return Verdict(NAIVE_QID, False, f"on {case.description}, your loop ran {len(seen.lengths)} forward passes for "
-                                         f"{new_tokens} new tokens: the naive loop runs one per new token")
+        return Verdict(
+            NAIVE_QID,
+            False,
+            f"on {case.description}, your loop ran {len(seen.lengths)} forward passes for "
+            f"{new_tokens} new tokens: the naive loop runs one per new token",
+        )
     step = next(i for i, (got, want) in enumerate(zip(seen.lengths, wanted)) if got != want)
-    return Verdict(NAIVE_QID, False, f"on {case.description}, step {step} fed the model {seen.lengths[step]} tokens, "
-                                     f"not the {wanted[step]} of the whole sequence so far: the naive loop recomputes "
-                                     f"everything at every step (no KV cache, no model.generate())")
+    return Verdict(
+        NAIVE_QID,
+        False,
+        f"on {case.description}, step {step} fed the model {seen.lengths[step]} tokens, "
+        f"not the {wanted[step]} of the whole sequence so far: the naive loop recomputes "
+        f"everything at every step (no KV cache, no model.generate())",
+    )
 
 
 class SlowDevice:
@@ -130,26 +148,45 @@ def _timestamps_verdict(fn, case: Case) -> Verdict | None:
         try:
             fn(model, prompt, new_tokens, timestamps=stamps)
         except TypeError as exc:
-            return Verdict(NAIVE_QID, False, f"calling it with timestamps=[] raised TypeError ({exc}): keep the "
-                                             f"`timestamps=None` parameter")
+            return Verdict(
+                NAIVE_QID,
+                False,
+                f"calling it with timestamps=[] raised TypeError ({exc}): keep the `timestamps=None` parameter",
+            )
         after = time.perf_counter()
         synchronize(prompt.device)
         device_done = time.perf_counter()
     if not stamps:
-        return Verdict(NAIVE_QID, False, "given a `timestamps` list, your loop recorded no time: append "
-                                         "time.perf_counter() each time a new token is ready")
+        return Verdict(
+            NAIVE_QID,
+            False,
+            "given a `timestamps` list, your loop recorded no time: append "
+            "time.perf_counter() each time a new token is ready",
+        )
     if len(stamps) != new_tokens:
-        return Verdict(NAIVE_QID, False, f"given a `timestamps` list, your loop recorded {len(stamps)} times for "
-                                         f"{new_tokens} new tokens: one per token, when it is ready")
+        return Verdict(
+            NAIVE_QID,
+            False,
+            f"given a `timestamps` list, your loop recorded {len(stamps)} times for "
+            f"{new_tokens} new tokens: one per token, when it is ready",
+        )
     if not all(isinstance(t, float) and before <= t <= after for t in stamps) or stamps != sorted(stamps):
-        return Verdict(NAIVE_QID, False, "the recorded timestamps are not time.perf_counter() readings taken in "
-                                         "order during the call, one as each token becomes ready")
+        return Verdict(
+            NAIVE_QID,
+            False,
+            "the recorded timestamps are not time.perf_counter() readings taken in "
+            "order during the call, one as each token becomes ready",
+        )
     early_ms = (device_done - stamps[-1]) * 1e3
     if on_cuda and early_ms > SLOW_DEVICE_MS / 2:
-        return Verdict(NAIVE_QID, False, f"the last timestamp was taken {early_ms:.0f} ms before the GPU had computed "
-                                         f"that token: CUDA runs work after Python queues it, so synchronize the "
-                                         f"device (infer.timing.synchronize) before time.perf_counter(), or TTFT and "
-                                         f"TPOT time the queueing, not the tokens")
+        return Verdict(
+            NAIVE_QID,
+            False,
+            f"the last timestamp was taken {early_ms:.0f} ms before the GPU had computed "
+            f"that token: CUDA runs work after Python queues it, so synchronize the "
+            f"device (infer.timing.synchronize) before time.perf_counter(), or TTFT and "
+            f"TPOT time the queueing, not the tokens",
+        )
     return None
 
 
@@ -167,8 +204,14 @@ def grade_ttft_tpot(student_ttft_and_tpot_ms, requests: int = 6) -> Verdict:
         for _ in range(rng.randint(1, 30)):
             times.append(times[-1] + rng.uniform(0.001, 0.3))
         cases.append(Case(f"a request sent at {send:.3f} s with {len(times)} tokens", (send, times)))
-    return grade_function(qid, student_ttft_and_tpot_ms, ttft_and_tpot_ms, cases, close_to(1e-6, unit="ms"),
-                          f"TTFT and TPOT match on {requests} random requests")
+    return grade_function(
+        qid,
+        student_ttft_and_tpot_ms,
+        ttft_and_tpot_ms,
+        cases,
+        close_to(1e-6, unit="ms"),
+        f"TTFT and TPOT match on {requests} random requests",
+    )
 
 
 def check_ttft_tpot(student_ttft_and_tpot_ms, requests: int = 6) -> None:
@@ -182,10 +225,15 @@ def grade_intensity(student_intensity, shapes: int = 6) -> Verdict:
     for _ in range(shapes - 1):
         m, k, n, width = rng.randint(1, 4096), rng.randint(64, 8192), rng.randint(64, 8192), rng.choice([1, 2, 4])
         cases.append(Case(f"m={m}, k={k}, n={n}, {width} bytes per element", (m, k, n, width)))
-    return grade_function(qid, student_intensity, matmul_arithmetic_intensity, cases, close_to(1e-6, unit="FLOP/byte"),
-                          f"arithmetic intensity matches on {shapes} matmul shapes")
+    return grade_function(
+        qid,
+        student_intensity,
+        matmul_arithmetic_intensity,
+        cases,
+        close_to(1e-6, unit="FLOP/byte"),
+        f"arithmetic intensity matches on {shapes} matmul shapes",
+    )
 
 
 def check_intensity(student_intensity, shapes: int = 6) -> None:
     print(grade_intensity(student_intensity, shapes).line)
-

@@ -11,8 +11,19 @@ import random
 import torch
 
 from infer import hf, memory
-from infer.course.checks import (Case, LibraryCalls, OpWatch, Verdict, as_number, case_rng, close_to, grade_function,
-                                 library_verdict, same_tokens, torch_generator)
+from infer.course.checks import (
+    Case,
+    LibraryCalls,
+    OpWatch,
+    Verdict,
+    as_number,
+    case_rng,
+    close_to,
+    grade_function,
+    library_verdict,
+    same_tokens,
+    torch_generator,
+)
 from infer.generate import cached_greedy_generate
 from infer.kv_cache import KVCache
 from infer.model import Arch, Transformer
@@ -55,7 +66,13 @@ def _storage(tensor) -> int | None:
 
 
 def _random_writes_and_reads(cache_class, rng: random.Random, qid: str) -> Verdict | None:
-    layers, seqs, max_len, kv_heads, head_dim = rng.randint(1, 3), rng.randint(1, 4), rng.randint(8, 40), rng.randint(1, 4), rng.choice([2, 4, 8])
+    layers, seqs, max_len, kv_heads, head_dim = (
+        rng.randint(1, 3),
+        rng.randint(1, 4),
+        rng.randint(8, 40),
+        rng.randint(1, 4),
+        rng.choice([2, 4, 8]),
+    )
     shape_text = f"num_layers={layers}, max_seqs={seqs}, max_len={max_len}, kv_heads={kv_heads}, head_dim={head_dim}"
     generator = torch_generator(rng)
     try:
@@ -89,24 +106,40 @@ def _random_writes_and_reads(cache_class, rng: random.Random, qid: str) -> Verdi
             return Verdict(qid, False, f"{what} then read raised {type(exc).__name__}: {exc}")
         grown = watch.first(GROWTH_OPS)
         if grown:
-            return Verdict(qid, False, f"write() grows a tensor ({grown}, as torch.cat does): a cache grown by "
-                                       f"concatenation copies everything stored so far at every step; allocate the "
-                                       f"buffers once in __init__ and copy each write into them")
+            return Verdict(
+                qid,
+                False,
+                f"write() grows a tensor ({grown}, as torch.cat does): a cache grown by "
+                f"concatenation copies everything stored so far at every step; allocate the "
+                f"buffers once in __init__ and copy each write into them",
+            )
         filled[seq] = start + n
         want_k, want_v = ours.read(layer, seq, start + n)
         for label, got, want in (("keys", got_k, want_k), ("values", got_v, want_v)):
             if not isinstance(got, torch.Tensor) or tuple(got.shape) != tuple(want.shape):
                 shape = tuple(got.shape) if isinstance(got, torch.Tensor) else type(got).__name__
-                return Verdict(qid, False, f"after {what}, read(layer, seq_id, end={start + n}) returned {label} "
-                                           f"of shape {shape}, expected [kv_heads, end, head_dim] = {tuple(want.shape)}")
+                return Verdict(
+                    qid,
+                    False,
+                    f"after {what}, read(layer, seq_id, end={start + n}) returned {label} "
+                    f"of shape {shape}, expected [kv_heads, end, head_dim] = {tuple(want.shape)}",
+                )
             if not torch.equal(got, want):
-                return Verdict(qid, False, f"after {what}, read(layer, seq_id, end={start + n}) returned the wrong "
-                                           f"{label}: did the write land at positions start..start+n-1 of that slot?")
+                return Verdict(
+                    qid,
+                    False,
+                    f"after {what}, read(layer, seq_id, end={start + n}) returned the wrong "
+                    f"{label}: did the write land at positions start..start+n-1 of that slot?",
+                )
         home = (_storage(got_k), _storage(got_v))
         if homes.setdefault((layer, seq), home) != home:
-            return Verdict(qid, False, "the tensors read() returns moved to new memory between two writes: a "
-                                       "preallocated cache writes in place, and read() returns views (slices) of "
-                                       "its buffers, not copies or new tensors")
+            return Verdict(
+                qid,
+                False,
+                "the tensors read() returns moved to new memory between two writes: a "
+                "preallocated cache writes in place, and read() returns views (slices) of "
+                "its buffers, not copies or new tensors",
+            )
     return None
 
 
@@ -122,10 +155,18 @@ def _write_past_capacity(cache_class, qid: str) -> Verdict | None:
         if "11" in str(exc):
             return None
         # torch's own shape mismatch also raises here; the point is an error that says what went wrong
-        return Verdict(qid, False, f"a write past capacity raised {type(exc).__name__}: {str(exc)[:80]!r}, which does "
-                                   "not name the capacity: check end > max_len yourself and say so (max_len=11)")
-    return Verdict(qid, False, "writing positions 9..11 into a slot of max_len=11 did not raise: a write past capacity "
-                               "must raise an error, never drop or overwrite anything silently")
+        return Verdict(
+            qid,
+            False,
+            f"a write past capacity raised {type(exc).__name__}: {str(exc)[:80]!r}, which does "
+            "not name the capacity: check end > max_len yourself and say so (max_len=11)",
+        )
+    return Verdict(
+        qid,
+        False,
+        "writing positions 9..11 into a slot of max_len=11 did not raise: a write past capacity "
+        "must raise an error, never drop or overwrite anything silently",
+    )
 
 
 def _generation_through(cache_class, hf_model, rng: random.Random, qid: str) -> Verdict:
@@ -135,8 +176,15 @@ def _generation_through(cache_class, hf_model, rng: random.Random, qid: str) -> 
     length, new_tokens = rng.randint(3, 30), rng.randint(3, 10)
     weight = model.embed.weight  # the model's dtype and device: the cache must take both (a GPU needs it there)
     prompt = random_prompt_ids(hf_model.config, length, seed=rng.randrange(2**31)).to(weight.device)
-    cache = cache_class(arch.num_layers, 1, length + new_tokens, arch.num_kv_heads, arch.head_dim,
-                        dtype=weight.dtype, device=weight.device)
+    cache = cache_class(
+        arch.num_layers,
+        1,
+        length + new_tokens,
+        arch.num_kv_heads,
+        arch.head_dim,
+        dtype=weight.dtype,
+        device=weight.device,
+    )
     try:
         got = cached_greedy_generate(model, prompt, new_tokens, cache)
     except Exception as exc:
@@ -144,8 +192,12 @@ def _generation_through(cache_class, hf_model, rng: random.Random, qid: str) -> 
     problem = same_tokens(got, hf.greedy_generate(hf_model, prompt, new_tokens))
     if problem:
         return Verdict(qid, False, f"the model generating through your cache ({length}-token prompt): {problem}")
-    return Verdict(qid, True, "writes and reads match the library's KVCache, a write past capacity raises, and "
-                              "generation through your cache is token-identical to generate()")
+    return Verdict(
+        qid,
+        True,
+        "writes and reads match the library's KVCache, a write past capacity raises, and "
+        "generation through your cache is token-identical to generate()",
+    )
 
 
 # ---------------------------------------------------------------- the cached decode loop
@@ -181,8 +233,12 @@ def grade_cached_loop(student_generate, hf_model, prompts: int = 5) -> Verdict:
         length, new_tokens = rng.randint(1, 48), rng.randint(2, 12)
         ids = random_prompt_ids(hf_model.config, length, seed=rng.randrange(2**31)).to(device)
         cache = KVCache.for_model(model, max_seqs=1, max_len=length + new_tokens)  # exactly enough room
-        cases.append(Case(f"a {length}-token prompt with max_new_tokens={new_tokens}",
-                          (TokenCountingModel(model), ids, new_tokens, cache)))
+        cases.append(
+            Case(
+                f"a {length}-token prompt with max_new_tokens={new_tokens}",
+                (TokenCountingModel(model), ids, new_tokens, cache),
+            )
+        )
 
     def reference(_model, ids, new_tokens, _cache):
         return hf.greedy_generate(hf_model, ids, new_tokens)
@@ -192,19 +248,33 @@ def grade_cached_loop(student_generate, hf_model, prompts: int = 5) -> Verdict:
         return verdict
     _, ids, new_tokens, _ = cases[0].args
     with LibraryCalls(cached_greedy_generate) as calls:  # once more, watched: a wrapper around the library's loop
-        student_generate(TokenCountingModel(model), ids, new_tokens, KVCache.for_model(model, 1, ids.numel() + new_tokens))
+        student_generate(
+            TokenCountingModel(model), ids, new_tokens, KVCache.for_model(model, 1, ids.numel() + new_tokens)
+        )
     if calls.seen:
-        return Verdict(qid, False, "your function calls the course library's own infer.generate.cached_greedy_generate: "
-                                   "the lab asks you to write it")
+        return Verdict(
+            qid,
+            False,
+            "your function calls the course library's own infer.generate.cached_greedy_generate: "
+            "the lab asks you to write it",
+        )
     for case in cases:
         counting, ids, new_tokens, _ = case.args
         wanted = [ids.numel()] + [1] * (new_tokens - 1)
         if counting.fed != wanted:
-            return Verdict(qid, False, f"on {case.description}, your loop fed the model {_fed_text(counting.fed)}; a "
-                                       f"cached loop feeds the prompt once ({ids.numel()} tokens), then one new token "
-                                       f"per decode step: the cache holds the rest")
-    return Verdict(qid, True, f"tokens identical to transformers' generate() on {prompts} random prompts (float32), "
-                              f"with a cache of exactly prompt + new tokens positions, one new token per decode step")
+            return Verdict(
+                qid,
+                False,
+                f"on {case.description}, your loop fed the model {_fed_text(counting.fed)}; a "
+                f"cached loop feeds the prompt once ({ids.numel()} tokens), then one new token "
+                f"per decode step: the cache holds the rest",
+            )
+    return Verdict(
+        qid,
+        True,
+        f"tokens identical to transformers' generate() on {prompts} random prompts (float32), "
+        f"with a cache of exactly prompt + new tokens positions, one new token per decode step",
+    )
 
 
 def _fed_text(fed: list[int]) -> str:
@@ -231,14 +301,24 @@ def grade_kv_bytes(student_kv_bytes_per_token) -> Verdict:
     cases = []
     for name, arch in _shipped_shapes():
         width = rng.choice([1, 2, 4])
-        cases.append(Case(f"{name} ({arch.num_layers} layers, {arch.num_kv_heads} KV heads, head dim "
-                          f"{arch.head_dim}, {width} bytes per element)",
-                          (arch.num_layers, arch.num_kv_heads, arch.head_dim, width)))
+        cases.append(
+            Case(
+                f"{name} ({arch.num_layers} layers, {arch.num_kv_heads} KV heads, head dim "
+                f"{arch.head_dim}, {width} bytes per element)",
+                (arch.num_layers, arch.num_kv_heads, arch.head_dim, width),
+            )
+        )
     for _ in range(3):
         args = (rng.randint(1, 96), rng.randint(1, 16), rng.choice([64, 80, 96, 128, 256]), rng.choice([1, 2, 4]))
         cases.append(Case("layers={}, kv_heads={}, head_dim={}, bytes={}".format(*args), args))
-    return grade_function(qid, student_kv_bytes_per_token, memory.kv_token_bytes, cases,
-                          close_to(1e-9, unit="bytes"), f"KV bytes per token match on {len(cases)} model shapes")
+    return grade_function(
+        qid,
+        student_kv_bytes_per_token,
+        memory.kv_token_bytes,
+        cases,
+        close_to(1e-9, unit="bytes"),
+        f"KV bytes per token match on {len(cases)} model shapes",
+    )
 
 
 def check_kv_bytes(student_kv_bytes_per_token) -> None:
@@ -253,14 +333,35 @@ def grade_concurrency(student_max_concurrent_sequences) -> Verdict:
         if name == "tiny":
             continue
         config, dtype = spec.config(), rng.choice(["bf16", "fp16", "fp32"])
-        gpu_gb, seq_len, reserve_gb = rng.choice([24, 40, 80, 141]), rng.choice([1024, 2048, 4096, 8192]), rng.choice([1, 2, 4])
-        args = (gpu_gb * memory.GB, memory.weight_bytes(config, dtype), reserve_gb * memory.GB,
-                memory.kv_bytes_per_token(config, dtype), seq_len)
-        cases.append(Case(f"{name} in {dtype} on a {gpu_gb} GB card, {reserve_gb} GB reserve, {seq_len}-token sequences", args))
-    cases.append(Case("a card too small for the weights (16 GB card, 15 GB of weights, 2 GB reserve)",
-                      (16e9, 15e9, 2e9, 28_672, 1024)))
-    return grade_function(qid, student_max_concurrent_sequences, memory.sequences_that_fit, cases,
-                          _whole_sequences, f"whole sequences that fit match on {len(cases)} model/card combinations")
+        gpu_gb, seq_len, reserve_gb = (
+            rng.choice([24, 40, 80, 141]),
+            rng.choice([1024, 2048, 4096, 8192]),
+            rng.choice([1, 2, 4]),
+        )
+        args = (
+            gpu_gb * memory.GB,
+            memory.weight_bytes(config, dtype),
+            reserve_gb * memory.GB,
+            memory.kv_bytes_per_token(config, dtype),
+            seq_len,
+        )
+        cases.append(
+            Case(f"{name} in {dtype} on a {gpu_gb} GB card, {reserve_gb} GB reserve, {seq_len}-token sequences", args)
+        )
+    cases.append(
+        Case(
+            "a card too small for the weights (16 GB card, 15 GB of weights, 2 GB reserve)",
+            (16e9, 15e9, 2e9, 28_672, 1024),
+        )
+    )
+    return grade_function(
+        qid,
+        student_max_concurrent_sequences,
+        memory.sequences_that_fit,
+        cases,
+        _whole_sequences,
+        f"whole sequences that fit match on {len(cases)} model/card combinations",
+    )
 
 
 def check_concurrency(student_max_concurrent_sequences) -> None:

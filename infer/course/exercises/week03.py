@@ -14,9 +14,24 @@ from infer.profiles import BenchmarkGrid
 from infer.records import RequestRecord
 
 # The keys the lab's serving_metrics() returns (a subset of vLLM's result keys).
-LAB_METRIC_KEYS = ("duration", "completed", "failed", "total_output_tokens", "request_throughput",
-                   "output_throughput", "total_token_throughput", "mean_ttft_ms", "median_ttft_ms", "p99_ttft_ms",
-                   "mean_tpot_ms", "p99_tpot_ms", "mean_itl_ms", "p99_itl_ms", "std_e2el_ms", "p99_e2el_ms")
+LAB_METRIC_KEYS = (
+    "duration",
+    "completed",
+    "failed",
+    "total_output_tokens",
+    "request_throughput",
+    "output_throughput",
+    "total_token_throughput",
+    "mean_ttft_ms",
+    "median_ttft_ms",
+    "p99_ttft_ms",
+    "mean_tpot_ms",
+    "p99_tpot_ms",
+    "mean_itl_ms",
+    "p99_itl_ms",
+    "std_e2el_ms",
+    "p99_e2el_ms",
+)
 
 
 def random_record(rng: random.Random, kind: str | None = None, t0: float = 0.0) -> RequestRecord:
@@ -84,14 +99,21 @@ def _compare_latencies(got, expected) -> str | None:
 def grade_latencies(student_latencies_ms, requests: int = 12) -> Verdict:
     qid = "03.lab.latencies"
     rng = case_rng(qid)
-    kinds = ["streamed", "one_token", "chunked"] + [rng.choice(["streamed", "one_token", "chunked"]) for _ in range(requests - 3)]
+    kinds = ["streamed", "one_token", "chunked"] + [
+        rng.choice(["streamed", "one_token", "chunked"]) for _ in range(requests - 3)
+    ]
     cases = []
     for kind in kinds:
         record = random_record(rng, kind)
         cases.append(Case(_describe(record), (record,)))
-    return grade_function(qid, student_latencies_ms, _reference_latencies, cases, _compare_latencies,
-                          f"TTFT, TPOT and E2EL match on {requests} random requests (one-token and multi-token "
-                          f"chunks included)")
+    return grade_function(
+        qid,
+        student_latencies_ms,
+        _reference_latencies,
+        cases,
+        _compare_latencies,
+        f"TTFT, TPOT and E2EL match on {requests} random requests (one-token and multi-token chunks included)",
+    )
 
 
 def check_latencies(student_latencies_ms, requests: int = 12) -> None:
@@ -114,7 +136,8 @@ def _compare_metrics(got, expected) -> str | None:
             return f"{key}: {problem}"
         if not math.isclose(value, float(metrics[key]), rel_tol=1e-6, abs_tol=1e-9):
             shown_got, shown_expected = distinct_pair(value, float(metrics[key]))
-            return f"{key}: got {shown_got}, expected {shown_expected}{_metric_hint(key, value, float(metrics[key]), records)}"
+            hint = _metric_hint(key, value, float(metrics[key]), records)
+            return f"{key}: got {shown_got}, expected {shown_expected}{hint}"
     return None
 
 
@@ -126,18 +149,38 @@ def _metric_hint(key: str, got: float, expected: float, records) -> str:
     output = sum(r.num_output_tokens for r in done)
     mistakes = {
         "total_token_throughput": [
-            ((sum(r.prompt_len for r in records) + output) / duration,
-             "failed requests' prompt tokens are counted: count prompt_len of completed requests only"),
-            ((sum(r.prompt_len for r in done) + output) / completed_only,
-             "the duration leaves out failed requests: it runs from the first send to the last finish of all records"),
+            (
+                (sum(r.prompt_len for r in records) + output) / duration,
+                "failed requests' prompt tokens are counted: count prompt_len of completed requests only",
+            ),
+            (
+                (sum(r.prompt_len for r in done) + output) / completed_only,
+                "the duration leaves out failed requests: it runs from the first send to the last finish of "
+                "all records",
+            ),
         ],
-        "request_throughput": [(len(records) / duration, "failed requests are counted: count completed requests only"),
-                               (len(done) / completed_only, "the duration leaves out failed requests: it runs from the "
-                                                            "first send to the last finish of all records")],
-        "output_throughput": [(output / completed_only, "the duration leaves out failed requests: it runs from the "
-                                                        "first send to the last finish of all records")],
-        "duration": [(completed_only, "the duration leaves out failed requests: it runs from the first send to the "
-                                      "last finish of all records")],
+        "request_throughput": [
+            (len(records) / duration, "failed requests are counted: count completed requests only"),
+            (
+                len(done) / completed_only,
+                "the duration leaves out failed requests: it runs from the "
+                "first send to the last finish of all records",
+            ),
+        ],
+        "output_throughput": [
+            (
+                output / completed_only,
+                "the duration leaves out failed requests: it runs from the "
+                "first send to the last finish of all records",
+            )
+        ],
+        "duration": [
+            (
+                completed_only,
+                "the duration leaves out failed requests: it runs from the first send to the "
+                "last finish of all records",
+            )
+        ],
     }
     for value, why in mistakes.get(key, []):
         if math.isclose(got, value, rel_tol=1e-6):
@@ -163,9 +206,14 @@ def grade_serving_metrics(student_serving_metrics, runs: int = 5) -> Verdict:
         records = random_run(rng)
         failed = sum(not r.success for r in records)
         cases.append(Case(f"a run of {len(records)} requests ({failed} failed, one-token ones included)", (records,)))
-    return grade_function(qid, student_serving_metrics, lambda records: (calculate_metrics(records), records),
-                          cases, _compare_metrics,
-                          f"{len(LAB_METRIC_KEYS)} metrics match vLLM's definitions on {runs} random runs")
+    return grade_function(
+        qid,
+        student_serving_metrics,
+        lambda records: (calculate_metrics(records), records),
+        cases,
+        _compare_metrics,
+        f"{len(LAB_METRIC_KEYS)} metrics match vLLM's definitions on {runs} random runs",
+    )
 
 
 def check_serving_metrics(student_serving_metrics, runs: int = 5) -> None:
@@ -208,8 +256,10 @@ def _compare_goodput(got, expected) -> str | None:
     if math.isclose(value, _strict_goodput(records, slo_ms), rel_tol=1e-6, abs_tol=1e-12):
         why = "a request whose latency equals a limit meets it: compare with <=, not <"
     else:
-        why = ("a request is good when it meets every SLO; a one-token request counts with TPOT 0; "
-               "divide by the whole duration")
+        why = (
+            "a request is good when it meets every SLO; a one-token request counts with TPOT 0; "
+            "divide by the whole duration"
+        )
     return f"got {shown_got} req/s, expected {shown_expected} ({why})"
 
 
@@ -222,11 +272,20 @@ def grade_goodput(student_goodput, runs: int = 8) -> Verdict:
     slos = [{"ttft": 500, "tpot": 20}, {"tpot": 25}, {"e2el": 1500}, {"ttft": 800, "tpot": 30, "e2el": 2000}]
     for i in range(runs - 1):
         records = random_run(rng)
-        slo = slos[i % len(slos)] if i < len(slos) else {k: rng.choice(v) for k, v in
-                                                          {"ttft": [300, 700, 1200], "tpot": [20, 30, 50]}.items()}
+        slo = (
+            slos[i % len(slos)]
+            if i < len(slos)
+            else {k: rng.choice(v) for k, v in {"ttft": [300, 700, 1200], "tpot": [20, 30, 50]}.items()}
+        )
         cases.append(Case(f"SLO {slo} on {len(records)} requests", (records, slo)))
-    return grade_function(qid, student_goodput, lambda records, slo: (request_goodput(records, slo), records, slo),
-                          cases, _compare_goodput, f"goodput matches on {runs} random runs and SLO sets")
+    return grade_function(
+        qid,
+        student_goodput,
+        lambda records, slo: (request_goodput(records, slo), records, slo),
+        cases,
+        _compare_goodput,
+        f"goodput matches on {runs} random runs and SLO sets",
+    )
 
 
 def check_goodput(student_goodput, runs: int = 8) -> None:
@@ -252,8 +311,12 @@ def grade_grid(grid) -> Verdict:
     if not conc or conc[0] != 1 or conc != sorted(set(conc)) or max(conc) < 32:
         return Verdict(qid, False, "concurrency must start at 1, rise strictly, and reach at least 32")
     if grid.num_prompts < 4 * max(conc):
-        return Verdict(qid, False, f"num_prompts={grid.num_prompts} gives the top concurrency fewer than 4 rounds; "
-                                   f"use at least {4 * max(conc)}")
+        return Verdict(
+            qid,
+            False,
+            f"num_prompts={grid.num_prompts} gives the top concurrency fewer than 4 rounds; "
+            f"use at least {4 * max(conc)}",
+        )
     cells = len(grid.input_lens) * len(grid.output_lens) * len(conc)
     if cells > 24:
         return Verdict(qid, False, f"{cells} cells is more than the 24 the time budget allows")

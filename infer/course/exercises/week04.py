@@ -45,10 +45,17 @@ def grade_merge(student_merge, cases: int = 6) -> Verdict:
         a = block_state(scores[:, :keys_a], values[:keys_a])
         b = block_state(scores[:, keys_a:], values[keys_a:])
         label = f"{rows} rows, blocks of {keys_a} and {keys_b} keys, scores x{spread:g}" + (
-            ", some rows masked in B" if index % 2 else "")
+            ", some rows masked in B" if index % 2 else ""
+        )
         examples.append(Case(label, (a, b)))
-    return grade_function(qid, student_merge, merge_states, examples, _state_problem,
-                          f"merged states equal the two-block states on {cases} random cases")
+    return grade_function(
+        qid,
+        student_merge,
+        merge_states,
+        examples,
+        _state_problem,
+        f"merged states equal the two-block states on {cases} random cases",
+    )
 
 
 def check_merge(student_merge, cases: int = 6) -> None:
@@ -63,15 +70,20 @@ def _output_problem(tolerance: float):
         if got.shape != reference.shape:
             return f"expected shape {tuple(reference.shape)}, got {tuple(got.shape)}"
         if torch.isnan(got).any():
-            return ("the output contains NaN: some query row saw no key at all (all its scores -inf, and "
-                    "exp(-inf - (-inf)) is NaN); a causal mask hides the keys *after* each query (key position > "
-                    "query position), never the query's own position")
+            return (
+                "the output contains NaN: some query row saw no key at all (all its scores -inf, and "
+                "exp(-inf - (-inf)) is NaN); a causal mask hides the keys *after* each query (key position > "
+                "query position), never the query's own position"
+            )
         error = relative_error(got, reference)
         if not error <= tolerance:
             other = reference_attention(q, k, v, causal=not causal).to(q.dtype)
             if relative_error(got, other) <= tolerance:
-                return ("your output is " + ("non-causal attention: apply the mask when causal=True" if causal else
-                                             "causal attention: mask only when causal=True"))
+                return "your output is " + (
+                    "non-causal attention: apply the mask when causal=True"
+                    if causal
+                    else "causal attention: mask only when causal=True"
+                )
             return f"relative error {error:.2e} against the float64 reference (allowed {tolerance:.0e})"
         return None
 
@@ -91,8 +103,12 @@ def grade_tiled(student_tiled, cases: int = 5) -> Verdict:
         batch, heads, dim = rng.randint(1, 2), rng.randint(1, 3), rng.choice([16, 32])
         causal = index % 2 == 0
         q, k, v = random_qkv(batch, heads, seq_len, dim, seed=rng.randrange(2**31))
-        examples.append(Case(f"q of shape {(batch, heads, seq_len, dim)}, causal={causal}, block_size={block}",
-                             (q, k, v, causal, block)))
+        examples.append(
+            Case(
+                f"q of shape {(batch, heads, seq_len, dim)}, causal={causal}, block_size={block}",
+                (q, k, v, causal, block),
+            )
+        )
     verdict = grade_function(TILED_QID, student_tiled, _reference_for, examples, _output_problem(1e-5), "")
     if not verdict.ok:
         return verdict
@@ -109,21 +125,35 @@ def _watched_call_verdict(student_tiled, cases: int) -> Verdict:
         with OpWatch() as watch:
             student_tiled(q, k, v, True, block)
     except Exception as exc:
-        return Verdict(TILED_QID, False, f"with N={seq_len}, block_size={block}, causal=True, raised "
-                                         f"{type(exc).__name__}: {exc}")
+        return Verdict(
+            TILED_QID, False, f"with N={seq_len}, block_size={block}, causal=True, raised {type(exc).__name__}: {exc}"
+        )
     sdpa = watch.first(SDPA_OPS)
     if sdpa:
-        return Verdict(TILED_QID, False, f"correct values, but your function calls scaled_dot_product_attention "
-                                         f"({sdpa}): the lab asks for the tiling and the online softmax by hand")
+        return Verdict(
+            TILED_QID,
+            False,
+            f"correct values, but your function calls scaled_dot_product_attention "
+            f"({sdpa}): the lab asks for the tiling and the online softmax by hand",
+        )
     large = watch.first_larger_than(block * seq_len)
     if large:
         op, shape = large
-        return Verdict(TILED_QID, False, (
-            f"correct values, but with N={seq_len}, block_size={block} your function built a tensor of shape "
-            f"{list(shape)} ({op}), as large as a strip of scores against all N keys or more (the N x N matrix is "
-            f"[{seq_len}, {seq_len}]): compute one [block_size, block_size] tile of scores at a time"))
-    return Verdict(TILED_QID, True, f"matches the float64 reference on {cases} random cases, calls no SDPA, and "
-                                    f"never builds a tensor larger than a few tiles")
+        return Verdict(
+            TILED_QID,
+            False,
+            (
+                f"correct values, but with N={seq_len}, block_size={block} your function built a tensor of shape "
+                f"{list(shape)} ({op}), as large as a strip of scores against all N keys or more (the N x N matrix is "
+                f"[{seq_len}, {seq_len}]): compute one [block_size, block_size] tile of scores at a time"
+            ),
+        )
+    return Verdict(
+        TILED_QID,
+        True,
+        f"matches the float64 reference on {cases} random cases, calls no SDPA, and "
+        f"never builds a tensor larger than a few tiles",
+    )
 
 
 def check_tiled(student_tiled, cases: int = 5) -> None:
@@ -137,8 +167,14 @@ def grade_score_bytes(student_score_bytes, cases: int = 6) -> Verdict:
     for _ in range(cases - 1):
         args = (rng.randint(1, 16), rng.choice([1, 8, 12, 32, 64]), rng.randint(1, 131072), rng.choice([1, 2, 4]))
         examples.append(Case(f"batch {args[0]}, {args[1]} heads, N = {args[2]}, {args[3]} bytes per element", args))
-    return grade_function(qid, student_score_bytes, score_matrix_bytes, examples, close_to(1e-9, unit="bytes"),
-                          f"score-matrix bytes match on {cases} shapes")
+    return grade_function(
+        qid,
+        student_score_bytes,
+        score_matrix_bytes,
+        examples,
+        close_to(1e-9, unit="bytes"),
+        f"score-matrix bytes match on {cases} shapes",
+    )
 
 
 def check_score_bytes(student_score_bytes, cases: int = 6) -> None:

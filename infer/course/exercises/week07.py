@@ -27,8 +27,12 @@ KEYS = ("ttft_ms", "itl_ms", "e2el_ms", "completion_tokens")
 def reference_timing(send_time: float, events: list[tuple[float, str]]) -> dict:
     record = stream_record(0, send_time, events)
     latencies = request_latencies_ms(record)
-    return {"ttft_ms": latencies.ttft_ms, "itl_ms": list(latencies.itls_ms), "e2el_ms": latencies.e2el_ms,
-            "completion_tokens": record.num_output_tokens}
+    return {
+        "ttft_ms": latencies.ttft_ms,
+        "itl_ms": list(latencies.itls_ms),
+        "e2el_ms": latencies.e2el_ms,
+        "completion_tokens": record.num_output_tokens,
+    }
 
 
 # ---------------------------------------------------------------- the streams
@@ -88,13 +92,18 @@ def _merge(pending):
 
 def without_usage(send_time, events):
     """No `stream_options.include_usage`: no usage message, so each chunk counts as one token."""
-    return send_time, [(t, line) for t, line in events
-                       if not ((m := parse_sse_line(line)) and not m.get("choices") and m.get("usage"))]
+    return send_time, [
+        (t, line) for t, line in events if not ((m := parse_sse_line(line)) and not m.get("choices") and m.get("usage"))
+    ]
 
 
-VARIANTS = (("as recorded", lambda s, e: (s, e)), ("with a ': ping' comment first", with_ping_first),
-            ("with an empty-text chunk", with_an_empty_chunk), ("with 3 tokens per chunk", with_merged_chunks),
-            ("without a usage message", without_usage))
+VARIANTS = (
+    ("as recorded", lambda s, e: (s, e)),
+    ("with a ': ping' comment first", with_ping_first),
+    ("with an empty-text chunk", with_an_empty_chunk),
+    ("with 3 tokens per chunk", with_merged_chunks),
+    ("without a usage message", without_usage),
+)
 
 
 def cases() -> list[Case]:
@@ -118,8 +127,12 @@ def _chunk_times(events, keep) -> list[float]:
 
 
 def _timing_from(send_time, times, tokens) -> dict:
-    return {"ttft_ms": (times[0] - send_time) * 1e3, "itl_ms": [(b - a) * 1e3 for a, b in zip(times, times[1:])],
-            "e2el_ms": (times[-1] - send_time) * 1e3, "completion_tokens": tokens}
+    return {
+        "ttft_ms": (times[0] - send_time) * 1e3,
+        "itl_ms": [(b - a) * 1e3 for a, b in zip(times, times[1:])],
+        "e2el_ms": (times[-1] - send_time) * 1e3,
+        "completion_tokens": tokens,
+    }
 
 
 def mistakes(send_time, events) -> list[tuple[str, dict]]:
@@ -131,24 +144,42 @@ def mistakes(send_time, events) -> list[tuple[str, dict]]:
     non_empty = _chunk_times(events, lambda m: bool(m.get("choices")) and m["choices"][0].get("text"))
     first_line = events[0][0]
     found = [
-        ("the usage message (empty `choices`) was counted as an output chunk: it carries no token, so it adds "
-         "no ITL and does not end the E2EL", _timing_from(send_time, every_message, tokens)),
-        ("a chunk with empty text was skipped: it is still a chunk the server sent (a token that decodes to "
-         "nothing yet), and vLLM's client counts it", _timing_from(send_time, non_empty or content, tokens)),
-        ("completion_tokens counts the chunks; a chunk may carry several tokens: take the usage message's "
-         "completion_tokens when the stream has one", {**right, "completion_tokens": len(content)}),
-        ("TTFT was taken at the first line of the stream; comments (': ping') and blank lines are not output",
-         {**right, "ttft_ms": (first_line - send_time) * 1e3}),
-        ("the lines were timed, not the chunks: blank lines and comments are no output chunks",
-         _timing_from(send_time, [t for t, line in events if line != "data: [DONE]"], tokens)),
+        (
+            "the usage message (empty `choices`) was counted as an output chunk: it carries no token, so it adds "
+            "no ITL and does not end the E2EL",
+            _timing_from(send_time, every_message, tokens),
+        ),
+        (
+            "a chunk with empty text was skipped: it is still a chunk the server sent (a token that decodes to "
+            "nothing yet), and vLLM's client counts it",
+            _timing_from(send_time, non_empty or content, tokens),
+        ),
+        (
+            "completion_tokens counts the chunks; a chunk may carry several tokens: take the usage message's "
+            "completion_tokens when the stream has one",
+            {**right, "completion_tokens": len(content)},
+        ),
+        (
+            "TTFT was taken at the first line of the stream; comments (': ping') and blank lines are not output",
+            {**right, "ttft_ms": (first_line - send_time) * 1e3},
+        ),
+        (
+            "the lines were timed, not the chunks: blank lines and comments are no output chunks",
+            _timing_from(send_time, [t for t, line in events if line != "data: [DONE]"], tokens),
+        ),
     ]
     return [(why, wrong) for why, wrong in found if not _same(wrong, right)]
 
 
 def _same(a: dict, b: dict) -> bool:
-    return (a["completion_tokens"] == b["completion_tokens"] and len(a["itl_ms"]) == len(b["itl_ms"])
-            and all(math.isclose(x, y, rel_tol=1e-9, abs_tol=1e-9) for x, y in
-                    zip([a["ttft_ms"], a["e2el_ms"], *a["itl_ms"]], [b["ttft_ms"], b["e2el_ms"], *b["itl_ms"]])))
+    return (
+        a["completion_tokens"] == b["completion_tokens"]
+        and len(a["itl_ms"]) == len(b["itl_ms"])
+        and all(
+            math.isclose(x, y, rel_tol=1e-9, abs_tol=1e-9)
+            for x, y in zip([a["ttft_ms"], a["e2el_ms"], *a["itl_ms"]], [b["ttft_ms"], b["e2el_ms"], *b["itl_ms"]])
+        )
+    )
 
 
 def _as_timing(got) -> tuple[dict | None, str | None]:
@@ -167,7 +198,10 @@ def _as_timing(got) -> tuple[dict | None, str | None]:
             return None, f"{key}: {problem}"
         timing[key] = value
     if not isinstance(got["itl_ms"], (list, tuple)):
-        return None, f"itl_ms: expected a list of gaps in ms, one per chunk after the first, got {type(got['itl_ms']).__name__}"
+        return (
+            None,
+            f"itl_ms: expected a list of gaps in ms, one per chunk after the first, got {type(got['itl_ms']).__name__}",
+        )
     gaps = []
     for gap in got["itl_ms"]:
         value, problem = as_number(gap, "ms")
@@ -195,8 +229,10 @@ def compare_timing(got, expected) -> str | None:
             shown_got, shown_expected = distinct_pair(timing[key], right[key])
             return f"{key}: got {shown_got}, expected {shown_expected}"
     if len(timing["itl_ms"]) != len(right["itl_ms"]):
-        return (f"itl_ms has {len(timing['itl_ms'])} gaps, expected {len(right['itl_ms'])}: one gap before each "
-                f"output chunk after the first")
+        return (
+            f"itl_ms has {len(timing['itl_ms'])} gaps, expected {len(right['itl_ms'])}: one gap before each "
+            f"output chunk after the first"
+        )
     if timing["completion_tokens"] != right["completion_tokens"]:
         return f"completion_tokens: got {timing['completion_tokens']:g}, expected {right['completion_tokens']}"
     return "itl_ms: a gap differs; each is the time between two consecutive output chunks, in ms"
@@ -204,10 +240,14 @@ def compare_timing(got, expected) -> str | None:
 
 def grade_stream_timing(student_stream_timing) -> Verdict:
     all_cases = cases()
-    return grade_function(QID, student_stream_timing,
-                          lambda send_time, events: (reference_timing(send_time, events), send_time, events),
-                          all_cases, compare_timing,
-                          f"TTFT, ITL, E2EL and token counts match on {len(all_cases)} recorded streams and variants")
+    return grade_function(
+        QID,
+        student_stream_timing,
+        lambda send_time, events: (reference_timing(send_time, events), send_time, events),
+        all_cases,
+        compare_timing,
+        f"TTFT, ITL, E2EL and token counts match on {len(all_cases)} recorded streams and variants",
+    )
 
 
 def check_stream_timing(student_stream_timing) -> None:
@@ -235,11 +275,22 @@ def record_streams(lm) -> str:
     from infer.provenance import provenance
     from infer.serve.server import EngineSettings, start_server
 
-    payloads = [{"prompt": list(range(300, 300 + n)), "max_tokens": m, "temperature": 0, "ignore_eos": True,
-                 "stream": True, "stream_options": {"include_usage": True}} for n, m in ((40, 12), (200, 9), (8, 15))]
+    payloads = [
+        {
+            "prompt": list(range(300, 300 + n)),
+            "max_tokens": m,
+            "temperature": 0,
+            "ignore_eos": True,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
+        for n, m in ((40, 12), (200, 9), (8, 15))
+    ]
     with start_server(lm, EngineSettings(max_num_seqs=4, max_num_batched_tokens=512, max_model_len=512)) as server:
+
         async def all_streams():
             return await asyncio.gather(*(_record(server.url, p) for p in payloads))
+
         streams = asyncio.run(all_streams())
     path = results_dir() / RECORDED_STREAMS
     path.write_text(json.dumps({"metadata": provenance(lm), "streams": streams}, indent=1) + "\n")
