@@ -5,6 +5,8 @@ names what was wrong; none gets a 500, and the server keeps serving afterwards."
 
 import concurrent.futures
 import json
+import logging
+import socket
 import time
 
 import httpx
@@ -144,6 +146,13 @@ TOO_LONG = list(range(10, 10 + MAX_MODEL_LEN - 10))
 BAD_REQUESTS = [
     # (name, path, raw body or JSON, status, words the message must contain)
     ("malformed JSON", "/v1/completions", b'{"prompt": "x",', 400, ["not valid JSON"]),
+    (
+        "JSON nested 5,000 deep",
+        "/v1/completions",
+        b'{"prompt": ' + b"[" * 5000 + b"]" * 5000 + b"}",
+        400,
+        ["too deeply"],
+    ),
     ("not an object", "/v1/completions", [1, 2], 400, ["JSON object"]),
     ("missing prompt", "/v1/completions", {"max_tokens": 3}, 400, ["prompt", "required"]),
     ("prompt of the wrong type", "/v1/completions", {"prompt": 123}, 400, ["prompt"]),
@@ -242,3 +251,20 @@ def test_metrics_show_preemptions_and_prefix_hits_of_a_paged_store_under_pressur
     assert gauges["infer:num_preemptions"] > 0, "a pool of 16 blocks for 8 requests of 7 blocks each must preempt"
     assert gauges["infer:prefix_cache_hit_rate"] > 0.5, "the shared 64 tokens (4 blocks) should be found in the cache"
     assert gauges["infer:kv_cache_usage_perc"] == 0
+
+
+def test_a_client_that_leaves_mid_request_costs_one_log_line(server, http, caplog):
+    host, port = server.url.removeprefix("http://").split(":")
+    with caplog.at_level(logging.INFO), socket.create_connection((host, int(port))) as sock:
+        sock.sendall(
+            b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Content-Length: 100\r\n\r\n" + b'{"prompt": '
+        )  # 11 of the 100 bytes announced
+    deadline = time.time() + 10
+    while "client left" not in caplog.text and time.time() < deadline:
+        time.sleep(0.05)
+    assert "client left before sending the whole request" in caplog.text
+    assert "Traceback" not in caplog.text and not any(r.exc_info for r in caplog.records), (
+        "a client that disconnects is not a server error: log one line, no traceback"
+    )
+    assert http.get("/health").status_code == 200

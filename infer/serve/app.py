@@ -15,12 +15,14 @@ bug in the server itself gives a 500.
 """
 
 import asyncio
+import logging
 import time
 from dataclasses import dataclass
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
 from infer.engine import SamplingParams
 from infer.serve import protocol
@@ -31,6 +33,7 @@ from infer.serve.metrics import ServerMetrics
 from infer.serve.protocol import BadRequest, ChatCompletionRequest, CompletionRequest
 
 COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's and vLLM's default for /v1/completions
+logger = logging.getLogger("infer.serve")
 
 
 @dataclass
@@ -55,6 +58,11 @@ def build_app(served: Served) -> FastAPI:
     @app.exception_handler(StarletteHTTPException)
     async def http_error(_: Request, exc: StarletteHTTPException):  # unknown path, wrong method
         return JSONResponse(protocol.error_body(str(exc.detail), exc.status_code), status_code=exc.status_code)
+
+    @app.exception_handler(ClientDisconnect)
+    async def client_left(request: Request, _: ClientDisconnect):  # one log line, not a traceback
+        logger.info("client left before sending the whole request: %s %s", request.method, request.url.path)
+        return Response(status_code=400)  # nobody is there to read it
 
     @app.get("/health")
     async def health():

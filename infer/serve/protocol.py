@@ -119,6 +119,8 @@ def parse_request(raw: bytes, schema: type[SamplingFields]) -> SamplingFields:
         body = json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise BadRequest(f"the request body is not valid JSON: {exc}") from None
+    except RecursionError:  # the decoder recurses once per level of nesting
+        raise BadRequest("the request body nests JSON arrays or objects too deeply to decode") from None
     if not isinstance(body, dict):
         raise BadRequest(f"the request body must be a JSON object, got {type(body).__name__}")
     try:
