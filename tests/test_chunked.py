@@ -1,6 +1,7 @@
-"""The chunked policy: running sequences first (decodes, then the prompts they continue), new
-prompts last, all within the token budget; a prompt splits across steps; and whatever the budget
-(down to 1 token a step), every request gets exactly its single-request greedy tokens."""
+"""The chunked policy: running sequences first, in the order they were admitted (vLLM V1's order:
+no decode goes ahead of a prompt admitted before it), new prompts last, all within the token
+budget; a prompt splits across steps; and whatever the budget (down to 1 token a step), every
+request gets exactly its single-request greedy tokens."""
 
 import random
 
@@ -21,15 +22,23 @@ def model(tiny):
 
 # ------------------------------------------------------------ the decision, over plain numbers
 
-def test_decodes_go_first_then_the_prompts_they_continue_then_new_prompts():
-    running, new = chunked_token_counts([30, 1, 1], [True, False, False], [50, 9], free_slots=5,
-                                        max_num_batched_tokens=20)
-    assert running == [18, 1, 1] and new == []  # the decodes took 2, the partial prefill the rest
+
+def test_running_sequences_go_in_admission_order_then_new_prompts():
+    running, new = chunked_token_counts(
+        [30, 1, 1], [True, False, False], [50, 9], free_slots=5, max_num_batched_tokens=20
+    )
+    assert running == [20, 0, 0] and new == []  # the prompt admitted first takes the budget; no decode-first sort
+
+
+def test_the_issues_state_decode_prefill_decode():
+    # vLLM V1 at budget 40: the first decode, then 39 of the prompt; the later decode waits a step
+    assert chunked_token_counts([1, 200, 1], [False, True, False], [50], 4, 40) == ([1, 39, 0], [])
 
 
 def test_leftover_budget_starts_new_prompts_as_chunks():
-    running, new = chunked_token_counts([1, 1, 4], [False, False, True], [10, 10, 10], free_slots=3,
-                                        max_num_batched_tokens=20)
+    running, new = chunked_token_counts(
+        [1, 1, 4], [False, False, True], [10, 10, 10], free_slots=3, max_num_batched_tokens=20
+    )
     assert running == [1, 1, 4] and new == [10, 4]
 
 
@@ -38,20 +47,28 @@ def test_new_prompts_only_into_free_slots():
     assert chunked_token_counts([1], [False], [3], free_slots=0, max_num_batched_tokens=100) == ([1], [])
 
 
-def test_a_budget_smaller_than_the_decodes_leaves_the_later_ones_out():
-    running, new = chunked_token_counts([1, 5, 1, 1], [False, True, False, False], [4], free_slots=2,
-                                        max_num_batched_tokens=2)
-    assert running == [1, 0, 1, 0] and new == []
+def test_a_budget_smaller_than_the_running_sequences_leaves_the_later_ones_out():
+    running, new = chunked_token_counts(
+        [1, 5, 1, 1], [False, True, False, False], [4], free_slots=2, max_num_batched_tokens=2
+    )
+    assert running == [1, 1, 0, 0] and new == []
 
 
 # ------------------------------------------------------------ the engine
+
 
 @pytest.mark.parametrize("budget", [1, 2, 3, 5, 8, 17, 64, 1000])
 def test_every_budget_gives_single_request_greedy_tokens(model, budget):
     rng = random.Random(budget)
     requests = [([rng.randrange(256) for _ in range(rng.randint(1, 40))], rng.randint(1, 12)) for _ in range(7)]
-    engine = Engine(model, policy="chunked", max_num_seqs=rng.choice([2, 3, 8]), max_num_batched_tokens=budget,
-                    max_model_len=MAX_MODEL_LEN, log_steps=True)
+    engine = Engine(
+        model,
+        policy="chunked",
+        max_num_seqs=rng.choice([2, 3, 8]),
+        max_num_batched_tokens=budget,
+        max_model_len=MAX_MODEL_LEN,
+        log_steps=True,
+    )
     got = {str(i): [] for i in range(len(requests))}
     pending = list(enumerate(requests))
     while pending or engine.has_unfinished():
@@ -71,8 +88,13 @@ def test_every_budget_gives_single_request_greedy_tokens(model, budget):
 def test_chunked_with_aborts_matches_greedy_and_frees_every_slot(model, seed):
     rng = random.Random(100 + seed)
     requests = [([rng.randrange(256) for _ in range(rng.randint(1, 60))], rng.randint(1, 16)) for _ in range(10)]
-    engine = Engine(model, policy="chunked", max_num_seqs=4, max_num_batched_tokens=rng.choice([4, 16, 33]),
-                    max_model_len=MAX_MODEL_LEN)
+    engine = Engine(
+        model,
+        policy="chunked",
+        max_num_seqs=4,
+        max_num_batched_tokens=rng.choice([4, 16, 33]),
+        max_model_len=MAX_MODEL_LEN,
+    )
     got = {str(i): [] for i in range(len(requests))}
     aborted = set()
     for i, (prompt, max_tokens) in enumerate(requests):
@@ -94,8 +116,9 @@ def test_chunked_with_aborts_matches_greedy_and_frees_every_slot(model, seed):
 
 
 def test_a_long_prompt_is_split_and_the_decodes_keep_going(model):
-    engine = Engine(model, policy="chunked", max_num_seqs=4, max_num_batched_tokens=16,
-                    max_model_len=MAX_MODEL_LEN, log_steps=True)
+    engine = Engine(
+        model, policy="chunked", max_num_seqs=4, max_num_batched_tokens=16, max_model_len=MAX_MODEL_LEN, log_steps=True
+    )
     engine.add_request([1, 2], greedy(12), request_id="a")
     engine.add_request([3, 4], greedy(12), request_id="b")
     engine.step()  # both short prompts in one step

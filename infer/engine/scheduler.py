@@ -11,14 +11,16 @@ Policies:
 - static: admit a batch into an empty engine only, then run it until its last request ends;
 - continuous: admit whenever a slot is free, between decode steps. Prefill-first: a step that
   admits requests runs only their whole prompts, and the running decodes wait for it;
-- chunked (week 06): every step spends a token budget, running sequences first (their decodes,
-  then the prompt chunks they continue), new prompts last; a prompt may span several steps, so
-  no step is ever a long prefill that stalls the decodes.
+- chunked (week 06): every step spends a token budget on the running sequences first, in the
+  order they were admitted (a decode takes one token, a prompt being continued as much as is
+  left), and on new prompts last; a prompt may span several steps, so no step is ever a long
+  prefill that stalls the decodes.
 """
 
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable, Protocol
+from typing import Protocol
 
 from infer.engine.kv_store import KVStore
 from infer.engine.sequence import RequestOutput, Sequence, Status
@@ -49,12 +51,13 @@ class Work:
 Admission = Callable[[list[int], int, int, int], int]
 
 
-def admit_continuous(waiting_prompt_lens: list[int], num_running: int, max_num_seqs: int,
-                     max_num_batched_tokens: int) -> int:
+def admit_continuous(
+    waiting_prompt_lens: list[int], num_running: int, max_num_seqs: int, max_num_batched_tokens: int
+) -> int:
     """Fill the free slots from the head of the queue, as long as the prompts fit into one step's
     token budget; stop at the first that does not fit, so that nobody overtakes it."""
     free_slots, budget, admitted = max_num_seqs - num_running, max_num_batched_tokens, 0
-    for length in waiting_prompt_lens[:max(free_slots, 0)]:
+    for length in waiting_prompt_lens[: max(free_slots, 0)]:
         if length > budget:
             break
         budget -= length
@@ -62,8 +65,9 @@ def admit_continuous(waiting_prompt_lens: list[int], num_running: int, max_num_s
     return admitted
 
 
-def admit_static(waiting_prompt_lens: list[int], num_running: int, max_num_seqs: int,
-                 max_num_batched_tokens: int) -> int:
+def admit_static(
+    waiting_prompt_lens: list[int], num_running: int, max_num_seqs: int, max_num_batched_tokens: int
+) -> int:
     """A new batch only into an empty engine: whoever arrives later waits for the whole batch."""
     if num_running:
         return 0
@@ -74,7 +78,9 @@ class Policy(Protocol):
     name: str
     splits_prompts: bool  # may a prompt's prefill span several steps? (False: it must fit one step's budget)
 
-    def plan(self, waiting: list[Sequence], running: list[Sequence], limits: Limits) -> tuple[int, list[tuple[Sequence, int]]]:
+    def plan(
+        self, waiting: list[Sequence], running: list[Sequence], limits: Limits
+    ) -> tuple[int, list[tuple[Sequence, int]]]:
         """How many waiting requests to admit (a prefix of `waiting`), and the step's
         (sequence, tokens to compute) items, which may include the admitted ones."""
 
@@ -89,30 +95,38 @@ class PrefillFirst:
         self.name, self.admission = name, admission
 
     def plan(self, waiting, running, limits):
-        admitted = self.admission([s.num_uncomputed_tokens for s in waiting], len(running),
-                                  limits.max_num_seqs, limits.max_num_batched_tokens)
+        admitted = self.admission(
+            [s.num_uncomputed_tokens for s in waiting], len(running), limits.max_num_seqs, limits.max_num_batched_tokens
+        )
         if admitted:
             return admitted, [(s, s.num_uncomputed_tokens) for s in waiting[:admitted]]
         return 0, [(s, 1) for s in running]
 
 
-def chunked_token_counts(running_needs: list[int], running_prefilling: list[bool], waiting_prompt_lens: list[int],
-                         free_slots: int, max_num_batched_tokens: int) -> tuple[list[int], list[int]]:
+def chunked_token_counts(
+    running_needs: list[int],
+    running_prefilling: list[bool],
+    waiting_prompt_lens: list[int],
+    free_slots: int,
+    max_num_batched_tokens: int,
+) -> tuple[list[int], list[int]]:
     """vLLM V1's step, over plain numbers: how many tokens each running sequence computes (same
     order, 0 for one left out this step) and how many each admitted waiting request does (a prefix
     of the queue, oldest first).
 
-    The budget goes to the running sequences first: every decode (one token), then the prompts
-    they are still prefilling, each as much as fits; whatever is left starts new prompts, into
-    free slots only. A chunk is cut to the budget that remains, so a prompt may split across steps."""
+    The budget goes to the running sequences first, in the order they were admitted, each as much
+    as it needs and the budget still holds: one token for a decode, the rest of its prompt for one
+    being prefilled. Decodes get no priority over a prompt admitted before them (that is Sarathi-
+    Serve's and vLLM V0's order, not V1's). Whatever is left starts new prompts, into free slots
+    only. A chunk is cut to the budget that remains, so a prompt may split across steps.
+    `running_prefilling` does not change the decision; it says what each need is."""
     budget = max_num_batched_tokens
-    running_counts = [0] * len(running_needs)
-    decodes_first = sorted(range(len(running_needs)), key=lambda i: running_prefilling[i])  # stable: keeps order within each group
-    for i in decodes_first:
-        running_counts[i] = min(running_needs[i], budget)
-        budget -= running_counts[i]
+    running_counts = []
+    for need in running_needs:
+        running_counts.append(min(need, budget))
+        budget -= running_counts[-1]
     new_counts = []
-    for need in waiting_prompt_lens[:max(free_slots, 0)]:
+    for need in waiting_prompt_lens[: max(free_slots, 0)]:
         if budget == 0:
             break
         new_counts.append(min(need, budget))
@@ -127,7 +141,8 @@ ChunkDecision = Callable[[list[int], list[bool], list[int], int, int], tuple[lis
 
 class Chunked:
     """Chunked prefill with a token budget (`max_num_batched_tokens`): decodes never wait for a
-    whole prompt, they share each step with a slice of one."""
+    whole prompt, they share each step with a slice of one. The step's items run in the order the
+    decision served them: the running sequences as admitted, then the newcomers."""
 
     name = "chunked"
     splits_prompts = True
@@ -137,11 +152,13 @@ class Chunked:
 
     def plan(self, waiting, running, limits):
         running_counts, new_counts = self.decide(
-            [s.num_uncomputed_tokens for s in running], [s.is_prefilling for s in running],
-            [s.num_uncomputed_tokens for s in waiting], limits.max_num_seqs - len(running),
-            limits.max_num_batched_tokens)
-        by_priority = sorted(zip(running, running_counts), key=lambda item: item[0].is_prefilling)
-        work = [(s, n) for s, n in by_priority if n] + list(zip(waiting, new_counts))
+            [s.num_uncomputed_tokens for s in running],
+            [s.is_prefilling for s in running],
+            [s.num_uncomputed_tokens for s in waiting],
+            limits.max_num_seqs - len(running),
+            limits.max_num_batched_tokens,
+        )
+        work = [(s, n) for s, n in zip(running, running_counts) if n] + list(zip(waiting, new_counts))
         return len(new_counts), work
 
 
@@ -159,8 +176,7 @@ def make_policy(name: str) -> Policy:
 
 
 class Scheduler:
-    def __init__(self, policy: Policy, limits: Limits, kv_store: KVStore, eos_token_ids: set[int],
-                 max_model_len: int):
+    def __init__(self, policy: Policy, limits: Limits, kv_store: KVStore, eos_token_ids: set[int], max_model_len: int):
         self.policy, self.limits, self.kv_store = policy, limits, kv_store
         self.eos_token_ids, self.max_model_len = eos_token_ids, max_model_len
         self.waiting: deque[Sequence] = deque()
@@ -186,17 +202,21 @@ class Scheduler:
             work = self._within_kv_room(*self.policy.plan([], list(self.running), self.limits))
         if not work and self.waiting and not self.running:
             head = self.waiting[0]
-            raise RuntimeError(f"request {head.request_id!r} ({head.num_uncomputed_tokens} tokens to compute) can "
-                               f"never be scheduled by policy {self.policy.name!r} with an empty engine: more than "
-                               f"max_num_batched_tokens={self.limits.max_num_batched_tokens} for a policy that does not "
-                               f"split prompts (after a preemption), or more than the KV store holds")
+            raise RuntimeError(
+                f"request {head.request_id!r} ({head.num_uncomputed_tokens} tokens to compute) can "
+                f"never be scheduled by policy {self.policy.name!r} with an empty engine: more than "
+                f"max_num_batched_tokens={self.limits.max_num_batched_tokens} for a policy that does not "
+                f"split prompts (after a preemption), or more than the KV store holds"
+            )
         return work
 
     def _within_kv_room(self, num_admitted: int, plan: list[tuple[Sequence, int]]) -> list[Work]:
         free_slots = self.limits.max_num_seqs - len(self.running)
         if num_admitted > free_slots:
-            raise RuntimeError(f"policy {self.policy.name!r} admitted {num_admitted} requests with {free_slots} free "
-                               f"of max_num_seqs={self.limits.max_num_seqs}")
+            raise RuntimeError(
+                f"policy {self.policy.name!r} admitted {num_admitted} requests with {free_slots} free "
+                f"of max_num_seqs={self.limits.max_num_seqs}"
+            )
         tokens = {id(seq): n for seq, n in plan}  # what the policy asks of each sequence
         newcomers = list(self.waiting)[:num_admitted]
         preempted = False
@@ -221,8 +241,11 @@ class Scheduler:
             tokens[id(seq)] = min(tokens[id(seq)], seq.num_tokens - cached)
             seq.status = Status.RUNNING
             self.running.append(seq)
-        return [Work(seq, seq.num_computed_tokens, tokens[id(seq)]) for seq, _ in plan
-                if id(seq) in tokens and seq.status is Status.RUNNING]
+        return [
+            Work(seq, seq.num_computed_tokens, tokens[id(seq)])
+            for seq, _ in plan
+            if id(seq) in tokens and seq.status is Status.RUNNING
+        ]
 
     def preempt(self, seq: Sequence) -> None:
         """Preemption by recompute, as vLLM V1 does by default: drop the sequence's KV and send it

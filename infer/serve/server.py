@@ -33,7 +33,7 @@ LOOPBACK = "127.0.0.1"  # never another interface: the server is for this machin
 class EngineSettings:
     """The engine's limits, as vLLM's flags of the same names."""
 
-    policy: str = "chunked"  # vLLM V1 schedules this way: decodes first, prompts chunked into the rest of the budget
+    policy: str = "chunked"  # as vLLM V1: running requests in arrival order, then new prompts chunked into the rest
     max_num_seqs: int = 32
     max_num_batched_tokens: int = 2048
     max_model_len: int = 2048
@@ -46,14 +46,22 @@ class EngineSettings:
 def build_served(lm, settings: EngineSettings = EngineSettings(), model_name: str | None = None) -> Served:
     """The course's Transformer with `lm`'s weights in an engine, its loop started."""
     model = Transformer.from_hf(lm.model)
-    engine = Engine(model, policy=settings.policy, max_num_seqs=settings.max_num_seqs,
-                    max_num_batched_tokens=settings.max_num_batched_tokens, max_model_len=settings.max_model_len,
-                    kv_store=settings.kv_store, num_kv_blocks=settings.num_kv_blocks, block_size=settings.block_size,
-                    enable_prefix_caching=settings.enable_prefix_caching)
+    engine = Engine(
+        model,
+        policy=settings.policy,
+        max_num_seqs=settings.max_num_seqs,
+        max_num_batched_tokens=settings.max_num_batched_tokens,
+        max_model_len=settings.max_model_len,
+        kv_store=settings.kv_store,
+        num_kv_blocks=settings.num_kv_blocks,
+        block_size=settings.block_size,
+        enable_prefix_caching=settings.enable_prefix_caching,
+    )
     name = model_name or lm.name
     metrics = ServerMetrics(engine, name)
-    return Served(EngineThread(engine, metrics).start(), with_chat_template(lm.tokenizer), name,
-                  settings.max_model_len, metrics)
+    return Served(
+        EngineThread(engine, metrics).start(), with_chat_template(lm.tokenizer), name, settings.max_model_len, metrics
+    )
 
 
 @dataclass
@@ -81,12 +89,19 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
-def start_server(lm, settings: EngineSettings = EngineSettings(), *, port: int | None = None,
-                 model_name: str | None = None, startup_timeout_s: float = 60.0) -> RunningServer:
+def start_server(
+    lm,
+    settings: EngineSettings = EngineSettings(),
+    *,
+    port: int | None = None,
+    model_name: str | None = None,
+    startup_timeout_s: float = 60.0,
+) -> RunningServer:
     """Serve `lm` on 127.0.0.1 from a background thread; returns once it accepts connections."""
     served = build_served(lm, settings, model_name)
-    config = uvicorn.Config(build_app(served), host=LOOPBACK, port=port or free_port(), log_level="warning",
-                            timeout_graceful_shutdown=5)
+    config = uvicorn.Config(
+        build_app(served), host=LOOPBACK, port=port or free_port(), log_level="warning", timeout_graceful_shutdown=5
+    )
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, name="uvicorn", daemon=True)
     thread.start()
@@ -116,8 +131,13 @@ def wait_for_health(url: str, process: subprocess.Popen, timeout_s: float, log_p
 
 
 @contextmanager
-def server_process(command: list[str], port: int, log_path: str | os.PathLike, startup_timeout_s: float,
-                   env: dict[str, str] | None = None):
+def server_process(
+    command: list[str],
+    port: int,
+    log_path: str | os.PathLike,
+    startup_timeout_s: float,
+    env: dict[str, str] | None = None,
+):
     """Run a server command (ours or vLLM's) with its output in `log_path`, wait until /health
     answers on `port`, yield its URL; terminate it afterwards (kill it if it does not stop)."""
     Path(log_path).parent.mkdir(parents=True, exist_ok=True)
@@ -137,17 +157,41 @@ def server_process(command: list[str], port: int, log_path: str | os.PathLike, s
 
 
 @contextmanager
-def running_server_process(profile: str, settings: EngineSettings, log_path: str | os.PathLike, *,
-                           port: int | None = None, startup_timeout_s: float = 300.0):
+def running_server_process(
+    profile: str,
+    settings: EngineSettings,
+    log_path: str | os.PathLike,
+    *,
+    port: int | None = None,
+    startup_timeout_s: float = 300.0,
+):
     """`python -m infer.serve` in a process of its own (as vLLM's server runs), so that a client in
     this process shares no interpreter with it; yields its URL."""
     port = port or free_port()
-    command = [sys.executable, "-m", "infer.serve", "--port", str(port), "--profile", profile, "--weights", "random",
-               "--policy", settings.policy, "--max-num-seqs", str(settings.max_num_seqs),
-               "--max-num-batched-tokens", str(settings.max_num_batched_tokens),
-               "--max-model-len", str(settings.max_model_len), "--kv-store", settings.kv_store,
-               "--block-size", str(settings.block_size),
-               *(["--num-kv-blocks", str(settings.num_kv_blocks)] if settings.num_kv_blocks else []),
-               *(["--enable-prefix-caching"] if settings.enable_prefix_caching else [])]
+    command = [
+        sys.executable,
+        "-m",
+        "infer.serve",
+        "--port",
+        str(port),
+        "--profile",
+        profile,
+        "--weights",
+        "random",
+        "--policy",
+        settings.policy,
+        "--max-num-seqs",
+        str(settings.max_num_seqs),
+        "--max-num-batched-tokens",
+        str(settings.max_num_batched_tokens),
+        "--max-model-len",
+        str(settings.max_model_len),
+        "--kv-store",
+        settings.kv_store,
+        "--block-size",
+        str(settings.block_size),
+        *(["--num-kv-blocks", str(settings.num_kv_blocks)] if settings.num_kv_blocks else []),
+        *(["--enable-prefix-caching"] if settings.enable_prefix_caching else []),
+    ]
     with server_process(command, port, log_path, startup_timeout_s) as url:
         yield url
