@@ -7,7 +7,11 @@ author = "the course authors"
 copyright = "the course authors"
 
 extensions = ["myst_nb"]
-myst_enable_extensions = ["dollarmath", "amsmath"]  # $a^2$ and $$...$$ in markdown cells
+# $a^2$ and $$...$$ in markdown cells; "- [ ]" checklists drawn as checkboxes, not as literal brackets.
+myst_enable_extensions = ["dollarmath", "amsmath", "tasklist"]
+# Anchors for headings down to ###, so that a lab can link to a lecture's numbered sections
+# (../weeks/06_chunked_prefill.ipynb#3-the-chunked-step-as-vllm-v1-schedules-it).
+myst_heading_anchors = 3
 
 # Render the outputs stored in the notebooks; never run a kernel while building the site.
 nb_execution_mode = "off"
@@ -17,12 +21,22 @@ html_title = "LLM inference"
 html_theme_options = {
     "home_page_in_toc": True,
     "show_toc_level": 2,
+    # No header bar above the book: pydata-sphinx-theme (>= 0.16) fills an unset navbar_persistent
+    # with a search field, which makes it draw its header, holding a second search box and hidden
+    # copies of the menu buttons placed before sphinx-book-theme's own; its script binds the first
+    # button of each kind, the hidden copy, so the visible menu buttons did nothing. With the header
+    # empty the theme skips it, and every menu button on the page is one the reader can press.
+    "navbar_persistent": [],
 }
 # The theme reads the light/dark mode from localStorage, which is empty on a first visit: without
 # a default it logs "Got invalid theme mode" in the console of every new reader.
 html_context = {"default_mode": "auto"}
-# Our own script (widgets_offline.js); the npm libraries are copied into _static/offline/ by build.py.
+# Our own files; the npm libraries are copied into _static/offline/ by build.py. course.css wraps wide
+# code and fits tables and figures to the column; course.js makes figures open full size, keeps search
+# from fetching pages where a file:// page cannot, and says where widgets need a kernel.
 html_static_path = ["static"]
+html_css_files = ["course.css"]
+html_js_files = ["course.js"]
 
 # Everything below is served from the site itself, so that pages work offline. The paths are
 # relative to _static/. Sphinx's own default is MathJax 4 from a CDN; we ship MathJax 3
