@@ -3,7 +3,9 @@
 `phase_split_explorer`: pick a prompt length and an output length and see, from the measured
 prefill/decode sweep, which phase dominates a request's latency, and what each phase costs per
 token (the reason APIs price input tokens below output tokens). The figure is drawn once when the
-control is created, so an executed notebook stores its initial state for the static site."""
+control is created, so an executed notebook stores its initial state for the static site. There no
+Python runs to redraw it: the site shows the sliders disabled, under a note that says to run the
+notebook in Jupyter (site/static/course.js)."""
 
 import ipywidgets
 import matplotlib.pyplot as plt
