@@ -19,8 +19,7 @@ profile's device standing for the accelerator even when it is the CPU:
    tensors, copies).
 
 Not covered: code in other threads (the server's engine thread), and host tensors made some other
-way than a seeded draw (those are caught on a real GPU only). Rule 1 only warns, once per line, in
-the files of DEFERRED, which other work was rewriting when this mode arrived."""
+way than a seeded draw (those are caught on a real GPU only)."""
 
 import linecache
 import sys
@@ -32,10 +31,25 @@ from torch.overrides import TorchFunctionMode
 from infer.paths import REPO_ROOT
 from infer.profiles import pick_profile
 
-FACTORIES = frozenset({
-    torch.tensor, torch.as_tensor, torch.zeros, torch.ones, torch.empty, torch.full, torch.arange, torch.linspace,
-    torch.logspace, torch.eye, torch.randn, torch.rand, torch.randint, torch.randperm, torch.empty_strided,
-})
+FACTORIES = frozenset(
+    {
+        torch.tensor,
+        torch.as_tensor,
+        torch.zeros,
+        torch.ones,
+        torch.empty,
+        torch.full,
+        torch.arange,
+        torch.linspace,
+        torch.logspace,
+        torch.eye,
+        torch.randn,
+        torch.rand,
+        torch.randint,
+        torch.randperm,
+        torch.empty_strided,
+    }
+)
 # Ops that torch runs across devices itself: moves and copies, and indexing with host index tensors.
 MIXING_ALLOWED = frozenset({torch.Tensor.to, torch.Tensor.copy_, torch.Tensor.__getitem__, torch.Tensor.__setitem__})
 MOVES = frozenset({torch.Tensor.to, torch.Tensor.cuda})
@@ -43,10 +57,6 @@ MOVES = frozenset({torch.Tensor.to, torch.Tensor.cuda})
 TORCH_DIR = str(Path(torch.__file__).parent)
 COURSE_DIR = str(REPO_ROOT / "infer")
 HOST_MARK = "_infer_host_draw"  # set on a tensor drawn on the host, until it is moved
-# Rule 1 warns instead of failing in these files (paths relative to the repository): they build
-# the engine's index tensors, which issue 22's item 8 was rewriting when this mode was written.
-# Remove an entry once its file passes.
-DEFERRED = ("infer/engine/model_runner.py", "infer/paged_attention.py")
 
 
 class StrictDeviceError(RuntimeError):
@@ -68,7 +78,6 @@ class StrictDevices(TorchFunctionMode):
         super().__init__()
         self.accelerator = torch.device(accelerator)
         self.course_code = course_code
-        self.warned: set[str] = set()  # the deferred lines already reported
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -96,22 +105,20 @@ class StrictDevices(TorchFunctionMode):
         return result
 
     def _no_device(self, func, caller) -> None:
-        where = _where(caller)
-        problem = (f"torch.{func.__name__}() without device= at {where}: the tensor lands on the CPU whatever the "
-                   f"profile's device ({self.accelerator}); pass device= (the model's, e.g. lm.device, or "
-                   f"device='cpu' for data meant to stay on the host)")
-        if not _deferred(caller.f_code.co_filename):
-            raise StrictDeviceError(problem)
-        if where not in self.warned:
-            self.warned.add(where)
-            print(f"strict devices, deferred (issue 22 item 8): {problem}", file=sys.stderr)
+        raise StrictDeviceError(
+            f"torch.{func.__name__}() without device= at {_where(caller)}: the tensor lands on the CPU whatever the "
+            f"profile's device ({self.accelerator}); pass device= (the model's, e.g. lm.device, or "
+            f"device='cpu' for data meant to stay on the host)"
+        )
 
     def _check_devices(self, func, tensors):
         devices = {t.device for t in tensors if not (t.device.type == "cpu" and t.dim() == 0)}  # CPU scalars mix
         if len(devices) > 1:
-            raise StrictDeviceError(f"{_name(func)} mixes tensors on {', '.join(sorted(map(str, devices)))} "
-                                    f"(called from {_where(_course_caller(self.course_code))}): move them to one "
-                                    f"device first")
+            raise StrictDeviceError(
+                f"{_name(func)} mixes tensors on {', '.join(sorted(map(str, devices)))} "
+                f"(called from {_where(_course_caller(self.course_code))}): move them to one "
+                f"device first"
+            )
 
     def _check_host_meets_weights(self, func, tensors):
         host = [t for t in tensors if getattr(t, HOST_MARK, False) and t.dim() > 0]
@@ -120,7 +127,8 @@ class StrictDevices(TorchFunctionMode):
             raise StrictDeviceError(
                 f"{_name(func)} feeds a tensor drawn on the host (shape {tuple(host[0].shape)}, e.g. from "
                 f"random_prompt_ids) to the model's weights on the accelerator (called from "
-                f"{_where(_course_caller(self.course_code))}): on a GPU this fails; move it with .to(lm.device) first")
+                f"{_where(_course_caller(self.course_code))}): on a GPU this fails; move it with .to(lm.device) first"
+            )
 
 
 def enable(accelerator: str | torch.device) -> StrictDevices:
@@ -134,10 +142,6 @@ def enable_for_profile() -> StrictDevices:
     """`enable()` with this machine's profile's device as the accelerator (`import infer` calls it
     when $INFER_STRICT_DEVICES is 1)."""
     return enable(pick_profile().device)
-
-
-def _deferred(filename: str) -> bool:
-    return any(filename == str(REPO_ROOT / entry) for entry in DEFERRED)
 
 
 def _tensors(args, kwargs) -> list[torch.Tensor]:
@@ -170,8 +174,9 @@ def _set_host_mark(result, host: bool) -> None:
 def _caller():
     """The frame that called into torch (the first one outside torch's own package)."""
     frame = sys._getframe(2)
-    while frame.f_back is not None and (frame.f_code.co_filename.startswith(TORCH_DIR)
-                                        or frame.f_code.co_filename == __file__):
+    while frame.f_back is not None and (
+        frame.f_code.co_filename.startswith(TORCH_DIR) or frame.f_code.co_filename == __file__
+    ):
         frame = frame.f_back
     return frame
 

@@ -6,10 +6,9 @@ import sys
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 from infer.prompts import random_prompt_ids
-from infer.strict_devices import DEFERRED, HOST_MARK, StrictDeviceError, StrictDevices, is_course_code
+from infer.strict_devices import HOST_MARK, StrictDeviceError, StrictDevices, is_course_code
 from tests.notebook_files import REPO_ROOT
 
 
@@ -58,11 +57,14 @@ def test_a_host_prompt_fed_to_weights_on_the_accelerator_fails_on_a_cpu(tiny):
 
 
 def test_import_infer_switches_the_mode_on_when_asked():
-    probe = ("import torch, infer; from torch.overrides import _get_current_function_mode_stack as stack; "
-             "print([type(m).__name__ for m in stack()])")
+    probe = (
+        "import torch, infer; from torch.overrides import _get_current_function_mode_stack as stack; "
+        "print([type(m).__name__ for m in stack()])"
+    )
     env = {"INFER_STRICT_DEVICES": "1", "INFER_PROFILE": "gpu-dryrun", "PATH": "/usr/bin:/bin"}
-    done = subprocess.run([sys.executable, "-c", probe], cwd=REPO_ROOT, env=env, capture_output=True, text=True,
-                          timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-c", probe], cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=120
+    )
     assert done.stdout.strip() == "['StrictDevices']", done.stderr[-2000:]
 
 
@@ -98,13 +100,3 @@ def test_the_mixing_study_synchronizes_its_timings(tiny, monkeypatch):
     model = Transformer.from_hf(tiny.model)
     chunked_prefill.time_step_kinds(model, num_tokens=4, context=8, repeats=1)
     assert devices and all(d == model.embed.weight.device for d in devices), devices
-
-
-def test_a_deferred_file_warns_once_instead_of_failing(capsys):
-    """The files item 8 was rewriting (DEFERRED) report their factories without a device, once a line."""
-    deferred = compile("import torch\nfor _ in range(2):\n    torch.tensor([1, 2])\n",
-                       str(REPO_ROOT / DEFERRED[0]), "exec")
-    with StrictDevices("cpu"):
-        exec(deferred)
-    warnings = capsys.readouterr().err.strip().splitlines()
-    assert len(warnings) == 1 and warnings[0].startswith("strict devices, deferred"), warnings

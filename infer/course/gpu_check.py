@@ -35,8 +35,7 @@ import torch
 from infer.availability import error_line
 from infer.course.gpu_plan import ASSUMED_H100, BUDGET_S, CHECK_PROFILE, NotebookPlan, StepTimes, format_plan, plan
 from infer.course.notebooks import CELL_TIMEOUT_S
-from infer.course.profile_run import (REPO_ROOT, course_notebooks, run_notebook, shown_path, skipped_line,
-                                      write_summary)
+from infer.course.profile_run import REPO_ROOT, course_notebooks, run_notebook, shown_path, skipped_line, write_summary
 from infer.profiles import PROFILES, Profile
 from infer.provenance import git_commit, nvidia_driver_version, versions, vllm_version
 
@@ -48,24 +47,37 @@ def no_cuda_reason() -> str | None:
     if torch.cuda.is_available():
         return None
     build = f"CUDA {torch.version.cuda} build" if torch.version.cuda else "a CPU-only build"
-    return (f"make gpu-check needs a CUDA GPU, and torch {torch.__version__} ({build}) sees none; nothing was run "
-            f"(make gpu-check DRY=1 prints its plan).")
+    return (
+        f"make gpu-check needs a CUDA GPU, and torch {torch.__version__} ({build}) sees none; nothing was run "
+        f"(make gpu-check DRY=1 prints its plan)."
+    )
 
 
 def machine_provenance() -> dict:
     props = torch.cuda.get_device_properties(0)
-    return {"gpu": props.name, "gpu_memory_gb": round(props.total_memory / 1e9, 1),
-            "compute_capability": f"{props.major}.{props.minor}", "driver": nvidia_driver_version(),
-            "cuda_runtime": torch.version.cuda, "vllm": vllm_version(), "commit": git_commit(),
-            "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), **versions()}
+    return {
+        "gpu": props.name,
+        "gpu_memory_gb": round(props.total_memory / 1e9, 1),
+        "compute_capability": f"{props.major}.{props.minor}",
+        "driver": nvidia_driver_version(),
+        "cuda_runtime": torch.version.cuda,
+        "vllm": vllm_version(),
+        "commit": git_commit(),
+        "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+        **versions(),
+    }
 
 
 def run_gpu_tests(out_dir: Path) -> tuple[list[str], list[str]]:
     """Run the GPU-only tests; (failures, skips), one line each with the reason."""
     report = out_dir / "tests.xml"
     with open(out_dir / "tests.log", "w") as log:
-        subprocess.run([sys.executable, "-m", "pytest", "-p", "no:xdist", "-q", "-rs", f"--junitxml={report}",
-                        *GPU_TESTS], cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT)
+        subprocess.run(
+            [sys.executable, "-m", "pytest", "-p", "no:xdist", "-q", "-rs", f"--junitxml={report}", *GPU_TESTS],
+            cwd=REPO_ROOT,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
     if not report.exists():
         return [f"pytest wrote no report; see {out_dir / 'tests.log'}"], []
     failures, skips = [], []
@@ -79,8 +91,7 @@ def run_gpu_tests(out_dir: Path) -> tuple[list[str], list[str]]:
     return failures, skips
 
 
-def measure_step_times(profile: Profile, assumed: StepTimes, gpu_tests_s: float,
-                       prompt_len: int = 4096) -> StepTimes:
+def measure_step_times(profile: Profile, assumed: StepTimes, prompt_len: int = 4096) -> StepTimes:
     """The plan's step times, measured here on `profile`'s model with random weights (seconds):
     a transformers decode step, a step of the course's model, and a long prefill per 1,000 tokens."""
     from infer.experiments.prefill_decode import decode_step_ms, prefill_ms
@@ -104,13 +115,18 @@ def measure_step_times(profile: Profile, assumed: StepTimes, gpu_tests_s: float,
     del lm, model
     gc.collect()
     torch.cuda.empty_cache()  # the notebooks that follow get the whole card
-    return replace(assumed, hf_decode_ms=hf_decode, course_step_ms=course_step,
-                   prefill_ms_per_1k=prefill / prompt_len * 1000, gpu_tests_s=gpu_tests_s,
-                   sources={**assumed.sources,
-                            "hf_decode_ms": f"{where}: median of 10 steps on a 256-token context",
-                            "course_step_ms": f"{where}: median gap between 16 tokens of cached_greedy_generate",
-                            "prefill_ms_per_1k": f"{where}: a {prompt_len}-token prefill, median of 3",
-                            "gpu_tests_s": "measured: the GPU-only tests above, as they ran"})
+    return replace(
+        assumed,
+        hf_decode_ms=hf_decode,
+        course_step_ms=course_step,
+        prefill_ms_per_1k=prefill / prompt_len * 1000,
+        sources={
+            **assumed.sources,
+            "hf_decode_ms": f"{where}: median of 10 steps on a 256-token context",
+            "course_step_ms": f"{where}: median gap between 16 tokens of cached_greedy_generate",
+            "prefill_ms_per_1k": f"{where}: a {prompt_len}-token prefill, median of 3",
+        },
+    )
 
 
 def cell_limit_s(estimate_s: float, left_s: float) -> int:
@@ -122,8 +138,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=REPO_ROOT / "_build" / "gpu-check")
     parser.add_argument("--dry-run", action="store_true", help="print the plan (assumed step times) and stop")
-    parser.add_argument("--weights", choices=("random", "auto", "pretrained"), default="random",
-                        help="the weights every notebook loads (default: random, no download)")
+    parser.add_argument(
+        "--weights",
+        choices=("random", "auto", "pretrained"),
+        default="random",
+        help="the weights every notebook loads (default: random, no download)",
+    )
     args = parser.parse_args(argv)
     notebooks = [str(shown_path(p)) for p in course_notebooks()]
     if args.dry_run:
@@ -162,10 +182,16 @@ def run_check(out: Path, notebooks: list[str], weights: str) -> int:
     try:
         report.failures, report.skips = run_gpu_tests(out)
         tests_s = time.perf_counter() - started
-        report.add(f"GPU-only tests: {len(report.failures)} failed, {len(report.skips)} skipped ({tests_s:.0f} s; "
-                   f"tests.log)")
-        times = step_times_here(tests_s, report)
-        plans = plan(notebooks, times, left_s=BUDGET_S - (time.perf_counter() - started))
+        report.add(
+            f"GPU-only tests: {len(report.failures)} failed, {len(report.skips)} skipped ({tests_s:.0f} s; tests.log)"
+        )
+        times = step_times_here(report)
+        times = replace(
+            times,
+            setup_s=time.perf_counter() - started,
+            sources={**times.sources, "setup_s": "measured: the GPU-only tests and the step times above"},
+        )
+        plans = plan(notebooks, times)
         (out / "plan.txt").write_text(format_plan(plans, times) + "\n")
         print(f"\nThe plan again, with this GPU's step times (plan.txt):\n{format_plan(plans, times)}\n", flush=True)
         run_planned(plans, out, weights, started + BUDGET_S, report)
@@ -174,25 +200,33 @@ def run_check(out: Path, notebooks: list[str], weights: str) -> int:
         raise
     finally:
         elapsed = time.perf_counter() - started
-        header = [f"gpu-check: {meta['gpu']}, {meta['date']}, commit {meta['commit']}, {elapsed / 60:.1f} min of "
-                  f"{BUDGET_S / 60:.0f}{'' if elapsed <= BUDGET_S else ' (OVER the budget)'}",
-                  f"notebooks on the {CHECK_PROFILE} profile (the gpu profile's model at the sizes of plan.txt), "
-                  f"{weights} weights (--weights)"]
-        tail = ["", "Failed:", *(report.failures or ["nothing"]), "", "Could not run, and why:",
-                *(report.skips or ["nothing"])]
+        header = [
+            f"gpu-check: {meta['gpu']}, {meta['date']}, commit {meta['commit']}, {elapsed / 60:.1f} min of "
+            f"{BUDGET_S / 60:.0f}{'' if elapsed <= BUDGET_S else ' (OVER the budget)'}",
+            f"notebooks on the {CHECK_PROFILE} profile (the gpu profile's model at the sizes of plan.txt), "
+            f"{weights} weights (--weights)",
+        ]
+        tail = [
+            "",
+            "Failed:",
+            *(report.failures or ["nothing"]),
+            "",
+            "Could not run, and why:",
+            *(report.skips or ["nothing"]),
+        ]
         summary = write_summary(out, header, report.lines + tail)
         print("\n".join(tail[1:]))
         print(f"Everything is in {out}; {summary.name} holds this list.")
     return 0 if not report.failures else 1
 
 
-def step_times_here(tests_s: float, report: Report) -> StepTimes:
+def step_times_here(report: Report) -> StepTimes:
     """This GPU's step times, or the assumed ones (said in the report) when measuring them fails."""
     try:
-        return measure_step_times(PROFILES[CHECK_PROFILE], ASSUMED_H100, tests_s)
+        return measure_step_times(PROFILES[CHECK_PROFILE], ASSUMED_H100)
     except Exception as exc:  # noqa: BLE001 - the notebooks can still run on the assumed step times
         report.add(f"step times not measured ({error_line(exc)}): the plan keeps its assumptions")
-        return replace(ASSUMED_H100, gpu_tests_s=tests_s)
+        return ASSUMED_H100
 
 
 def run_planned(plans: list[NotebookPlan], out: Path, weights: str, deadline: float, report: Report) -> None:
@@ -200,11 +234,15 @@ def run_planned(plans: list[NotebookPlan], out: Path, weights: str, deadline: fl
     for p in plans:
         left = deadline - time.perf_counter()
         if p.skip_reason or p.seconds > left:
-            report.add(skipped_line(p.notebook, p.skip_reason or f"estimated {p.seconds:.0f} s, {left:.0f} s of "
-                                                                 f"the budget left"))
+            report.add(
+                skipped_line(
+                    p.notebook, p.skip_reason or f"estimated {p.seconds:.0f} s, {left:.0f} s of the budget left"
+                )
+            )
             continue
-        run = run_notebook(REPO_ROOT / p.notebook, CHECK_PROFILE, out, weights=weights,
-                           cell_timeout_s=cell_limit_s(p.seconds, left))
+        run = run_notebook(
+            REPO_ROOT / p.notebook, CHECK_PROFILE, out, weights=weights, cell_timeout_s=cell_limit_s(p.seconds, left)
+        )
         report.add(run.summary_line(estimated_s=p.seconds))
         report.failures += [run.line] if run.error else []
         report.skips += [f"{run.notebook}: {line}" for line in run.skip_lines]

@@ -14,8 +14,8 @@ is skipped with its estimate and the reason, never silently cut.
 
 import inspect
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Callable
 
 from infer.attention import tiled_attention
 from infer.experiments.attention_bench import sweep_config
@@ -39,7 +39,7 @@ class StepTimes:
     course_step_ms: float  # one step of the course's own model (infer.model) for a few tokens
     prefill_ms_per_1k: float  # a long prompt's forward pass, per 1,000 tokens
     notebook_start_s: float  # kernel start, imports, CUDA context, loading the model
-    gpu_tests_s: float  # tests/test_gpu_only.py and the Triton kernel's test
+    setup_s: float  # before the notebooks: the GPU-only tests, then measuring these step times
     vllm_start_s: float  # vLLM's server or benchmark client, from launch to ready
     sources: dict[str, str] = field(default_factory=dict)  # field name -> where the number comes from
 
@@ -49,19 +49,25 @@ class StepTimes:
 
 
 ASSUMED_H100 = StepTimes(
-    hf_decode_ms=20.0, course_step_ms=30.0, prefill_ms_per_1k=10.0, notebook_start_s=15.0, gpu_tests_s=60.0,
+    hf_decode_ms=20.0,
+    course_step_ms=30.0,
+    prefill_ms_per_1k=10.0,
+    notebook_start_s=15.0,
+    setup_s=70.0,
     vllm_start_s=90.0,
     sources={
         "hf_decode_ms": "estimate: 28 layers of eager kernels, launch-bound; issue 22 puts a step at 15-25 ms",
         "course_step_ms": "estimate: more Python per layer than transformers, and host-device syncs per layer "
-                          "until issue 22 item 8 lands",
+        "until issue 22 item 8 lands",
         "prefill_ms_per_1k": "estimate: 2 x 1.54e9 FLOP per token at ~300 TFLOP/s, a third of the H100's "
-                             "989 TFLOP/s dense bf16",
+        "989 TFLOP/s dense bf16",
         "notebook_start_s": "estimate: kernel, imports and CUDA context ~8 s, the random-weight model ~5 s; "
-                            "issue 22 puts 15 notebooks' start-up at 2.5-5 minutes",
-        "gpu_tests_s": "estimate: pytest start-up, one model load, six Triton compiles, vLLM's import",
+        "issue 22 puts 15 notebooks' start-up at 2.5-5 minutes",
+        "setup_s": "estimate: the tests' pytest start-up, one model load, six Triton compiles and vLLM's import "
+        "(~60 s), then measuring the step times (~10 s)",
         "vllm_start_s": "estimate: vLLM's start-up (weights, torch.compile, CUDA graphs) takes 1-2 minutes",
-    })
+    },
+)
 
 FIGURE_S = 1.0  # estimate: one matplotlib figure drawn and saved on the host
 TRITON_COMPILE_S = 3.0  # estimate: one compile of the Triton kernel for a dtype and mask
@@ -117,8 +123,10 @@ def _baseline_requests(grid: BenchmarkGrid, sizes: BaselineSizes) -> list[tuple[
 def _baseline_part(t: StepTimes, what: str, grid: BenchmarkGrid, sizes: BaselineSizes) -> Part:
     requests = _baseline_requests(grid, sizes)
     tokens = sum(o for _, o in requests)
-    return Part(f"{what}: {len(requests)} requests, {tokens:,} output tokens",
-                sum(_request_ms(t, i, o) for i, o in requests) / 1e3)
+    return Part(
+        f"{what}: {len(requests)} requests, {tokens:,} output tokens",
+        sum(_request_ms(t, i, o) for i, o in requests) / 1e3,
+    )
 
 
 # ---------------------------------------------------------------- one estimate per notebook
@@ -131,51 +139,68 @@ def _week00(profile: Profile, t: StepTimes) -> Estimate:
 def _week01(profile: Profile, t: StepTimes) -> Estimate:
     s = phase_sizes(profile)
     # per length: the timed prefills after a warm-up; then one prefill of context, and the decode steps
-    sweep_ms = sum((2 + s.prefill_repeats) * t.forward_ms(n, t.hf_decode_ms) + (1 + s.decode_repeats) * t.hf_decode_ms
-                   for n in s.sweep_prompt_lens)
-    return Estimate(f"prompts {s.sweep_prompt_lens}, repeats {s.prefill_repeats}/{s.decode_repeats}, "
-                    f"naive loop {s.naive_prompt_len} + {s.naive_new_tokens} tokens", (
-        Part(f"naive loop: {s.naive_new_tokens + 1} forward passes of ~{s.naive_prompt_len} tokens",
-             _naive_loop_ms(t, s.naive_prompt_len, s.naive_new_tokens + 1) / 1e3),
-        _steps("naive loop vs generate() in float32, 3 prompts x 12 tokens x 2", 72, t.hf_decode_ms),
-        Part(f"prefill/decode sweep over {len(s.sweep_prompt_lens)} prompt lengths", sweep_ms / 1e3),
-        Part("measured roofline: a matmul and a copy, ten times each", 1.0),
-        Part("4 figures and a widget", 5 * FIGURE_S),
-    ))
+    sweep_ms = sum(
+        (2 + s.prefill_repeats) * t.forward_ms(n, t.hf_decode_ms) + (1 + s.decode_repeats) * t.hf_decode_ms
+        for n in s.sweep_prompt_lens
+    )
+    return Estimate(
+        f"prompts {s.sweep_prompt_lens}, repeats {s.prefill_repeats}/{s.decode_repeats}, "
+        f"naive loop {s.naive_prompt_len} + {s.naive_new_tokens} tokens",
+        (
+            Part(
+                f"naive loop: {s.naive_new_tokens + 1} forward passes of ~{s.naive_prompt_len} tokens",
+                _naive_loop_ms(t, s.naive_prompt_len, s.naive_new_tokens + 1) / 1e3,
+            ),
+            _steps("naive loop vs generate() in float32, 3 prompts x 12 tokens x 2", 72, t.hf_decode_ms),
+            Part(f"prefill/decode sweep over {len(s.sweep_prompt_lens)} prompt lengths", sweep_ms / 1e3),
+            Part("measured roofline: a matmul and a copy, ten times each", 1.0),
+            Part("4 figures and a widget", 5 * FIGURE_S),
+        ),
+    )
 
 
 def _week02(profile: Profile, t: StepTimes) -> Estimate:
     s = speed_sizes(profile)
     runs = [n for n in s.output_lens for _ in range(s.repeats)] + [min(s.output_lens)]  # the race, and its warm-up
     naive_ms = sum(_naive_loop_ms(t, s.prompt_len, n) for n in runs)
-    return Estimate(f"race: prompt {s.prompt_len}, outputs {s.output_lens}, {s.repeats} run(s) each", (
-        Part("float32 copies of the model for the logits and loop checks", 3.0),
-        _steps("cached loop vs generate(), 8 prompts x 12 tokens", 96, t.course_step_ms + t.hf_decode_ms),
-        Part("cache write cost, 4 contexts x 2 caches x 17 writes of every layer", 2.0),
-        Part("the allocator's view: a 2048-token prompt and 64 tokens", _request_ms(t, 2048, 64) / 1e3),
-        Part(f"race, naive loop: {len(runs)} runs", naive_ms / 1e3),
-        _steps("race, the two cached loops", 2 * sum(runs), t.course_step_ms),
-        _steps("race, generate()", sum(runs), t.hf_decode_ms),
-        Part("4 figures", 4 * FIGURE_S),
-    ))
+    return Estimate(
+        f"race: prompt {s.prompt_len}, outputs {s.output_lens}, {s.repeats} run(s) each",
+        (
+            Part("float32 copies of the model for the logits and loop checks", 3.0),
+            _steps("cached loop vs generate(), 8 prompts x 12 tokens", 96, t.course_step_ms + t.hf_decode_ms),
+            Part("cache write cost, 4 contexts x 2 caches x 17 writes of every layer", 2.0),
+            Part("the allocator's view: a 2048-token prompt and 64 tokens", _request_ms(t, 2048, 64) / 1e3),
+            Part(f"race, naive loop: {len(runs)} runs", naive_ms / 1e3),
+            _steps("race, the two cached loops", 2 * sum(runs), t.course_step_ms),
+            _steps("race, generate()", sum(runs), t.hf_decode_ms),
+            Part("4 figures", 4 * FIGURE_S),
+        ),
+    )
 
 
 def _week03(profile: Profile, t: StepTimes) -> Estimate:
     grid, sizes = profile.grid, _sizes(BASELINE_SIZES, "sequential_baseline.BASELINE_SIZES", profile)
-    parts = [_steps("one request's timeline: 2 requests of 8 tokens and a warm-up", 18, t.hf_decode_ms),
-             _baseline_part(t, f"sequential baseline over {len(grid.cells())} grid cells", grid, sizes),
-             Part("3 figures", 3 * FIGURE_S)]
+    parts = [
+        _steps("one request's timeline: 2 requests of 8 tokens and a warm-up", 18, t.hf_decode_ms),
+        _baseline_part(t, f"sequential baseline over {len(grid.cells())} grid cells", grid, sizes),
+        Part("3 figures", 3 * FIGURE_S),
+    ]
     reason = vllm_grid_missing_reason(profile)
     if reason:
         parts.append(Part(f"vLLM's grid: not run ({reason})", 0.0))
     else:
         vllm_request_s = (t.forward_ms(max(grid.input_lens), t.hf_decode_ms) + max(grid.output_lens) * 5.0) / 1e3
-        parts += [Part("vLLM's server start-up", t.vllm_start_s),
-                  Part(f"vLLM's grid: {len(grid.cells())} runs of {grid.num_prompts} prompts "
-                       f"(estimate: 5 ms a step with CUDA graphs)",
-                       sum(math.ceil(grid.num_prompts / c) * vllm_request_s for _, _, c in grid.cells()))]
-    return Estimate(f"grid {grid.input_lens} in x {grid.output_lens} out x concurrency {grid.concurrency}, "
-                    f"{sizes}", tuple(parts))
+        parts += [
+            Part("vLLM's server start-up", t.vllm_start_s),
+            Part(
+                f"vLLM's grid: {len(grid.cells())} runs of {grid.num_prompts} prompts "
+                f"(estimate: 5 ms a step with CUDA graphs)",
+                sum(math.ceil(grid.num_prompts / c) * vllm_request_s for _, _, c in grid.cells()),
+            ),
+        ]
+    return Estimate(
+        f"grid {grid.input_lens} in x {grid.output_lens} out x concurrency {grid.concurrency}, {sizes}", tuple(parts)
+    )
 
 
 def _week04(profile: Profile, t: StepTimes) -> Estimate:
@@ -188,14 +213,19 @@ def _week04(profile: Profile, t: StepTimes) -> Estimate:
         if call_ms / 1e3 > config.max_call_s:  # the sweep's time guard skips it from here on
             break
         tiled_ms += calls * call_ms
-    return Estimate(f"sweep N = {config.seq_lens}, {config.heads} heads, d={config.head_dim}, "
-                    f"{config.warmup} + {config.repeats} calls, at most {config.max_call_s:g} s a call", (
-        Part("Triton compiles: 3 dtypes x 2 masks for exactness, 1 for the sweep", 7 * TRITON_COMPILE_S),
-        Part("tiled attention in plain PyTorch, the sweep's slowest (estimate: 0.1 ms per block pair)",
-             tiled_ms / 1e3),
-        Part("the other implementations (fused kernels: milliseconds a call)", 5.0),
-        Part("2 figures and the I/O table", 3.0),
-    ))
+    return Estimate(
+        f"sweep N = {config.seq_lens}, {config.heads} heads, d={config.head_dim}, "
+        f"{config.warmup} + {config.repeats} calls, at most {config.max_call_s:g} s a call",
+        (
+            Part("Triton compiles: 3 dtypes x 2 masks for exactness, 1 for the sweep", 7 * TRITON_COMPILE_S),
+            Part(
+                "tiled attention in plain PyTorch, the sweep's slowest (estimate: 0.1 ms per block pair)",
+                tiled_ms / 1e3,
+            ),
+            Part("the other implementations (fused kernels: milliseconds a call)", 5.0),
+            Part("2 figures and the I/O table", 3.0),
+        ),
+    )
 
 
 def _week05(profile: Profile, t: StepTimes) -> Estimate:
@@ -206,54 +236,82 @@ def _week05(profile: Profile, t: StepTimes) -> Estimate:
     prefill_s = s.mixed_prompts * mean_in / 1000 * t.prefill_ms_per_1k / 1e3
     sweep_tokens = sum(s.sweep_rounds * c * s.sweep_input_len for c in s.sweep_concurrency)
     baseline = [(s.sweep_input_len, s.sweep_output_len)] * (1 + 2 * (1 + 2 + 4))  # warm-up, then 2 rounds at 1, 2, 4
-    return Estimate(f"{s}", (
-        _steps("static vs continuous, 3 times each: engine steps", 3 * (static_steps + continuous_steps),
-               t.course_step_ms),
-        Part("static vs continuous: their prefills", 6 * prefill_s),
-        _steps(f"concurrency sweep {s.sweep_concurrency}: engine steps",
-               len(s.sweep_concurrency) * s.sweep_rounds * s.sweep_output_len, t.course_step_ms),
-        Part(f"concurrency sweep: {sweep_tokens:,} prompt tokens", sweep_tokens / 1000 * t.prefill_ms_per_1k / 1e3),
-        Part(f"week 03's baseline again: {len(baseline)} requests",
-             sum(_request_ms(t, i, o) for i, o in baseline) / 1e3),
-        Part("2 figures", 2 * FIGURE_S),
-    ))
+    return Estimate(
+        f"{s}",
+        (
+            _steps(
+                "static vs continuous, 3 times each: engine steps",
+                3 * (static_steps + continuous_steps),
+                t.course_step_ms,
+            ),
+            Part("static vs continuous: their prefills", 6 * prefill_s),
+            _steps(
+                f"concurrency sweep {s.sweep_concurrency}: engine steps",
+                len(s.sweep_concurrency) * s.sweep_rounds * s.sweep_output_len,
+                t.course_step_ms,
+            ),
+            Part(f"concurrency sweep: {sweep_tokens:,} prompt tokens", sweep_tokens / 1000 * t.prefill_ms_per_1k / 1e3),
+            Part(
+                f"week 03's baseline again: {len(baseline)} requests",
+                sum(_request_ms(t, i, o) for i, o in baseline) / 1e3,
+            ),
+            Part("2 figures", 2 * FIGURE_S),
+        ),
+    )
 
 
 def _week06(profile: Profile, t: StepTimes) -> Estimate:
     long_len = 4 * profile.grid.input_lens[-1]
-    return Estimate(f"the live stall demo's long prompt: {long_len} tokens", (
-        _steps("stall demo: 8 streams of 24 tokens, twice", 2 * 28, t.course_step_ms),
-        Part(f"stall demo: the {long_len}-token prompt at once, then in 64-token chunks",
-             (t.forward_ms(long_len, t.course_step_ms) + long_len / 64 * t.course_step_ms) / 1e3),
-        Part("saved results and figures, read back", 3.0),
-    ))
+    return Estimate(
+        f"the live stall demo's long prompt: {long_len} tokens",
+        (
+            _steps("stall demo: 8 streams of 24 tokens, twice", 2 * 28, t.course_step_ms),
+            Part(
+                f"stall demo: the {long_len}-token prompt at once, then in 64-token chunks",
+                (t.forward_ms(long_len, t.course_step_ms) + long_len / 64 * t.course_step_ms) / 1e3,
+            ),
+            Part("saved results and figures, read back", 3.0),
+        ),
+    )
 
 
 def _week07(profile: Profile, t: StepTimes) -> Estimate:
-    return Estimate("24 requests of 128 + 32 tokens on 8 slots (fixed in the notebook)", (
-        _steps("the server's view: 3 waves of 32 steps, and their prefills", 100, t.course_step_ms),
-        Part("the raw stream, the hang-up, the errors", 2.0),
-        Part("saved side-by-side results and figures", 3.0),
-    ))
+    return Estimate(
+        "24 requests of 128 + 32 tokens on 8 slots (fixed in the notebook)",
+        (
+            _steps("the server's view: 3 waves of 32 steps, and their prefills", 100, t.course_step_ms),
+            Part("the raw stream, the hang-up, the errors", 2.0),
+            Part("saved side-by-side results and figures", 3.0),
+        ),
+    )
 
 
 def _solution01(profile: Profile, t: StepTimes) -> Estimate:
     lens = (profile.grid.input_lens[0], profile.grid.input_lens[-1])
-    return Estimate(f"timed prompts {lens}, 8 tokens, a warm-up and 5 runs", (
-        _steps("naive-loop check in float32: 5 prompts x 12 tokens x 2, and two more runs", 144, t.hf_decode_ms),
-        Part("the same, with the device kept busy 50 ms a step to test the timestamps (CUDA)", 12 * 0.05),
-        Part("timed naive loop", sum(6 * _naive_loop_ms(t, n, 8) for n in lens) / 1e3),
-        Part("1 figure", FIGURE_S),
-    ))
+    return Estimate(
+        f"timed prompts {lens}, 8 tokens, a warm-up and 5 runs",
+        (
+            _steps("naive-loop check in float32: 5 prompts x 12 tokens x 2, and two more runs", 144, t.hf_decode_ms),
+            Part("the same, with the device kept busy 50 ms a step to test the timestamps (CUDA)", 12 * 0.05),
+            Part("timed naive loop", sum(6 * _naive_loop_ms(t, n, 8) for n in lens) / 1e3),
+            Part("1 figure", FIGURE_S),
+        ),
+    )
 
 
 def _solution02(profile: Profile, t: StepTimes) -> Estimate:
-    return Estimate("16-token prompt, 16 and 128 new tokens, a warm-up and 3 runs (fixed in the notebook)", (
-        _steps("cache and cached-loop checks in float32: ~6 prompts x 12 tokens x 2", 150,
-               t.course_step_ms + t.hf_decode_ms),
-        Part("naive loop, 16 and 128 tokens", 4 * (_naive_loop_ms(t, 16, 16) + _naive_loop_ms(t, 16, 128)) / 1e3),
-        _steps("your cached loop, 16 and 128 tokens", 4 * (16 + 128), t.course_step_ms),
-    ))
+    return Estimate(
+        "16-token prompt, 16 and 128 new tokens, a warm-up and 3 runs (fixed in the notebook)",
+        (
+            _steps(
+                "cache and cached-loop checks in float32: ~6 prompts x 12 tokens x 2",
+                150,
+                t.course_step_ms + t.hf_decode_ms,
+            ),
+            Part("naive loop, 16 and 128 tokens", 4 * (_naive_loop_ms(t, 16, 16) + _naive_loop_ms(t, 16, 128)) / 1e3),
+            _steps("your cached loop, 16 and 128 tokens", 4 * (16 + 128), t.course_step_ms),
+        ),
+    )
 
 
 def _solution03(profile: Profile, t: StepTimes) -> Estimate:
@@ -271,31 +329,48 @@ def _solution05(profile: Profile, t: StepTimes) -> Estimate:
 
 
 def _solution06(profile: Profile, t: StepTimes) -> Estimate:
-    return Estimate("-", (_steps("two engines over 5 prompts, and the budget check", 80, t.course_step_ms),
-                          Part("the simulated sweep (no GPU work)", 2.0)))
+    return Estimate(
+        "-",
+        (
+            _steps("two engines over 5 prompts, and the budget check", 80, t.course_step_ms),
+            Part("the simulated sweep (no GPU work)", 2.0),
+        ),
+    )
 
 
 def _solution07(profile: Profile, t: StepTimes) -> Estimate:
-    parts = [Part("recorded streams, then a live one", 2.0),
-             _steps("16 requests of 128 + 32 tokens on 8 slots", 70, t.course_step_ms)]
+    parts = [
+        Part("recorded streams, then a live one", 2.0),
+        _steps("16 requests of 128 + 32 tokens on 8 slots", 70, t.course_step_ms),
+    ]
     reason = vllm_missing_reason()
     if reason:
         parts.append(Part(f"vLLM's benchmark client: not run ({reason})", 0.0))
     else:
-        parts += [Part("export the model for vLLM's client (3 GB of bf16 weights)", 10.0),
-                  Part("vLLM's benchmark client: start-up", 30.0),
-                  _steps("its 16 requests of 128 + 32 tokens on 8 slots", 70, t.course_step_ms)]
+        parts += [
+            Part("export the model for vLLM's client (3 GB of bf16 weights)", 10.0),
+            Part("vLLM's benchmark client: start-up", 30.0),
+            _steps("its 16 requests of 128 + 32 tokens on 8 slots", 70, t.course_step_ms),
+        ]
     return Estimate("fixed in the notebook", tuple(parts))
 
 
 ESTIMATES: dict[str, Callable[[Profile, StepTimes], Estimate]] = {
-    "weeks/00_setup.ipynb": _week00, "weeks/01_prefill_decode.ipynb": _week01, "weeks/02_kv_cache.ipynb": _week02,
-    "weeks/03_measuring.ipynb": _week03, "weeks/04_flash_attention.ipynb": _week04,
-    "weeks/05_continuous_batching.ipynb": _week05, "weeks/06_chunked_prefill.ipynb": _week06,
-    "weeks/07_serving.ipynb": _week07, "solutions/01_prefill_decode.ipynb": _solution01,
-    "solutions/02_kv_cache.ipynb": _solution02, "solutions/03_measuring.ipynb": _solution03,
-    "solutions/04_flash_attention.ipynb": _solution04, "solutions/05_continuous_batching.ipynb": _solution05,
-    "solutions/06_chunked_prefill.ipynb": _solution06, "solutions/07_serving.ipynb": _solution07,
+    "weeks/00_setup.ipynb": _week00,
+    "weeks/01_prefill_decode.ipynb": _week01,
+    "weeks/02_kv_cache.ipynb": _week02,
+    "weeks/03_measuring.ipynb": _week03,
+    "weeks/04_flash_attention.ipynb": _week04,
+    "weeks/05_continuous_batching.ipynb": _week05,
+    "weeks/06_chunked_prefill.ipynb": _week06,
+    "weeks/07_serving.ipynb": _week07,
+    "solutions/01_prefill_decode.ipynb": _solution01,
+    "solutions/02_kv_cache.ipynb": _solution02,
+    "solutions/03_measuring.ipynb": _solution03,
+    "solutions/04_flash_attention.ipynb": _solution04,
+    "solutions/05_continuous_batching.ipynb": _solution05,
+    "solutions/06_chunked_prefill.ipynb": _solution06,
+    "solutions/07_serving.ipynb": _solution07,
 }
 
 
@@ -318,8 +393,10 @@ def estimate_notebook(notebook: str, profile: Profile, times: StepTimes) -> Esti
     """Its start-up plus its own work; KeyError when it has no sizes for `profile`."""
     start = Part("start: kernel, imports, CUDA context, the model", times.notebook_start_s)
     if notebook not in ESTIMATES:
-        return Estimate("?", (start, Part(f"no estimate written for it yet: assumed {UNKNOWN_NOTEBOOK_S:.0f} s",
-                                          UNKNOWN_NOTEBOOK_S)))
+        return Estimate(
+            "?",
+            (start, Part(f"no estimate written for it yet: assumed {UNKNOWN_NOTEBOOK_S:.0f} s", UNKNOWN_NOTEBOOK_S)),
+        )
     own = ESTIMATES[notebook](profile, times)
     return replace(own, parts=(start, *own.parts))
 
@@ -336,11 +413,11 @@ def course_order(notebooks: list[str]) -> list[str]:
     return sorted(notebooks, key=lambda path: (path.rsplit("/", 1)[-1][:2], not path.startswith("weeks/"), path))
 
 
-def plan(notebooks: list[str], times: StepTimes = ASSUMED_H100, left_s: float | None = None) -> list[NotebookPlan]:
-    """In course order: each notebook's estimate on the check's profile, and whether it fits in
-    `left_s` (default: the budget less the GPU-only tests) after the notebooks before it."""
+def plan(notebooks: list[str], times: StepTimes = ASSUMED_H100) -> list[NotebookPlan]:
+    """In course order: each notebook's estimate on the check's profile, and whether it fits in the
+    budget left after the setup (the GPU-only tests, the step times) and the notebooks before it."""
     check, student = PROFILES[CHECK_PROFILE], PROFILES[STUDENT_PROFILE]
-    left = BUDGET_S - times.gpu_tests_s if left_s is None else left_s
+    left = BUDGET_S - times.setup_s
     plans = []
     for notebook in course_order(notebooks):
         estimate, missing = _try_estimate(notebook, check, times)
@@ -355,19 +432,28 @@ def plan(notebooks: list[str], times: StepTimes = ASSUMED_H100, left_s: float | 
 
 
 def planned_seconds(plans: list[NotebookPlan], times: StepTimes) -> float:
-    """The whole check's estimate: the GPU-only tests and every notebook that will run."""
-    return times.gpu_tests_s + sum(p.seconds for p in plans if p.skip_reason is None)
+    """The whole check's estimate: the setup and every notebook that will run."""
+    return times.setup_s + sum(p.seconds for p in plans if p.skip_reason is None)
 
 
 def format_plan(plans: list[NotebookPlan], times: StepTimes, budget_s: float = BUDGET_S) -> str:
     """The plan as printed before the check runs (and by make gpu-check DRY=1)."""
-    lines = [f"gpu-check plan: {budget_s / 60:.0f} minutes on one GPU; the notebooks run on the {CHECK_PROFILE} "
-             f"profile (the {STUDENT_PROFILE} profile's model at smaller sizes: infer/profiles.py)",
-             "", "Step times (every number below is steps x one of these):"]
-    for name in ("hf_decode_ms", "course_step_ms", "prefill_ms_per_1k", "notebook_start_s", "gpu_tests_s",
-                 "vllm_start_s"):
+    lines = [
+        f"gpu-check plan: {budget_s / 60:.0f} minutes on one GPU; the notebooks run on the {CHECK_PROFILE} "
+        f"profile (the {STUDENT_PROFILE} profile's model at smaller sizes: infer/profiles.py)",
+        "",
+        "Step times (every number below is steps x one of these):",
+    ]
+    for name in (
+        "hf_decode_ms",
+        "course_step_ms",
+        "prefill_ms_per_1k",
+        "notebook_start_s",
+        "setup_s",
+        "vllm_start_s",
+    ):
         lines.append(f"  {name:<18} {getattr(times, name):>6.1f}  {times.sources.get(name, '')}")
-    lines += ["", f"{'GPU-only tests':<46} {times.gpu_tests_s:>5.0f} s  (tests/test_gpu_only.py, the Triton kernel)"]
+    lines += ["", f"{'setup':<46} {times.setup_s:>5.0f} s  the GPU-only tests, then measuring the step times"]
     for p in plans:
         student = f"; at {STUDENT_PROFILE} sizes ~{p.student_estimate.seconds:.0f} s" if p.student_estimate else ""
         if p.skip_reason:
@@ -376,6 +462,9 @@ def format_plan(plans: list[NotebookPlan], times: StepTimes, budget_s: float = B
         lines.append(f"{'run  ' + p.notebook:<46} {p.seconds:>5.0f} s  sizes: {p.estimate.sizes}{student}")
         lines += [f"{'':<54}{part.seconds:>6.1f} s  {part.what}" for part in p.estimate.parts]
     total = planned_seconds(plans, times)
-    lines += ["", f"total: {total:.0f} s of {budget_s:.0f} s ({total / 60:.1f} of {budget_s / 60:.0f} minutes), "
-                  f"{sum(p.skip_reason is None for p in plans)} of {len(plans)} notebooks"]
+    lines += [
+        "",
+        f"total: {total:.0f} s of {budget_s:.0f} s ({total / 60:.1f} of {budget_s / 60:.0f} minutes), "
+        f"{sum(p.skip_reason is None for p in plans)} of {len(plans)} notebooks",
+    ]
     return "\n".join(lines)
