@@ -286,6 +286,20 @@ def _week07(profile: Profile, t: StepTimes) -> Estimate:
     )
 
 
+def _week08(profile: Profile, t: StepTimes) -> Estimate:
+    prefix = 4 * profile.grid.input_lens[-1]
+    prefill_s = (12 + 1) * (prefix + 16) / 1000 * t.prefill_ms_per_1k / 1e3  # off: all 12; on: one, then hits
+    return Estimate(
+        f"12 requests sharing one {prefix}-token prefix; the rest fixed in the notebook",
+        (
+            _steps("paged engine runs, under pressure too, and their single-request checks", 400, t.course_step_ms),
+            Part(f"prefix caching off and on: the prefills of {prefix}-token prompts", prefill_s),
+            _steps("prefix caching off and on: their decode steps", 2 * 3 * 8, t.course_step_ms),
+            Part("saved results and figures", 3.0),
+        ),
+    )
+
+
 def _solution01(profile: Profile, t: StepTimes) -> Estimate:
     lens = (profile.grid.input_lens[0], profile.grid.input_lens[-1])
     return Estimate(
@@ -364,6 +378,7 @@ ESTIMATES: dict[str, Callable[[Profile, StepTimes], Estimate]] = {
     "weeks/05_continuous_batching.ipynb": _week05,
     "weeks/06_chunked_prefill.ipynb": _week06,
     "weeks/07_serving.ipynb": _week07,
+    "weeks/08_paged_kv.ipynb": _week08,
     "solutions/01_prefill_decode.ipynb": _solution01,
     "solutions/02_kv_cache.ipynb": _solution02,
     "solutions/03_measuring.ipynb": _solution03,
