@@ -33,9 +33,10 @@ import numbers
 import random
 import struct
 import sys
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from importlib import resources
-from typing import Any, Callable, Iterable
+from typing import Any
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -240,12 +241,18 @@ def _grade_number(qid: str, answer: Any, key: dict) -> Verdict:
         return Verdict(qid, True)
     exact = key["tolerance"] == "exact"
     if exact and value != round(value):
-        return Verdict(qid, False, f"expected a whole number, got {value:g}: this answer is an exact count "
-                                   f"(round down where the question says so)")
+        return Verdict(
+            qid,
+            False,
+            f"expected a whole number, got {value:g}: this answer is an exact count "
+            f"({key.get('whole_number_rule', 'round down where the question says so')})",
+        )
     for other_unit, to_key_unit in UNIT_SLIPS.get(unit, []):
         if low <= value * to_key_unit <= high:
             return Verdict(qid, False, f"expected a value in {unit}, got {value:g} ({other_unit}?)")
-    shown = f"{value:g} {unit}" if unit else f"{value:g}"
+    nearest_accepted = low if value < low else high
+    shown = distinct_pair(value, nearest_accepted)[0]  # never the accepted edge's own digits
+    shown = f"{shown} {unit}" if unit else shown
     if exact:
         return Verdict(qid, False, f"{shown} is not the exact answer{_see(key)}")
     return Verdict(qid, False, f"{shown} is not {tolerance_text(key['tolerance'])} of the expected value{_see(key)}")
@@ -286,47 +293,65 @@ def library_verdict(qid: str, obj: Any) -> Verdict | None:
     origin = library_origin(obj)
     if origin is None:
         return None
-    return Verdict(qid, False, f"this is the course library's own {origin}, imported rather than written: "
-                               f"the lab asks you to write it yourself")
+    return Verdict(
+        qid,
+        False,
+        f"this is the course library's own {origin}, imported rather than written: "
+        f"the lab asks you to write it yourself",
+    )
 
 
 def library_call_verdict(qid: str, reference: Callable) -> Verdict:
     """The failing verdict for a student function that called `reference` (seen by LibraryCalls)."""
-    return Verdict(qid, False, f"your function calls the course library's own {library_origin(reference)}, "
-                               f"which gives the answer: the lab asks you to write it yourself")
+    return Verdict(
+        qid,
+        False,
+        f"your function calls the course library's own {library_origin(reference)}, "
+        f"which gives the answer: the lab asks you to write it yourself",
+    )
 
 
 class LibraryCalls:
-    """Inside `with LibraryCalls(reference) as calls:`, `calls.seen` turns True if `reference`
-    runs, when it is one of the course library's functions: a student function that only wraps
-    the reference (`return ttft_and_tpot_ms(...)`) is the library's, not the student's. Other
-    references are not watched. Uses the interpreter's profile hook, for this thread only."""
+    """Inside `with LibraryCalls(*references) as calls:`, `calls.seen` becomes the first of
+    `references` that runs (None while none has), counting only the course library's functions: a
+    student function that only wraps one (`return ttft_and_tpot_ms(...)`, or a lambda, a partial,
+    a getattr: each ends in a call) is the library's, not the student's. Calls are watched, not
+    names. Uses the interpreter's profile hook, for this thread only."""
 
-    def __init__(self, reference: Callable):
+    def __init__(self, *references: Callable):
         # Unwrapped: decorators such as torch.no_grad share one wrapper code object among all they wrap.
-        code = getattr(inspect.unwrap(reference), "__code__", None)
-        self.code = code if library_origin(reference) else None
-        self.seen = False
+        codes = {getattr(inspect.unwrap(r), "__code__", None): r for r in references if library_origin(r)}
+        self.watched = {code: r for code, r in codes.items() if code is not None}
+        self.seen = None
 
     def _hook(self, frame, event, arg):
-        if event == "call" and frame.f_code is self.code:
-            self.seen = True
+        if event == "call" and self.seen is None:
+            self.seen = self.watched.get(frame.f_code)
 
     def __enter__(self):
-        if self.code is not None:
+        if self.watched:
             self.previous = sys.getprofile()
             sys.setprofile(self._hook)
         return self
 
     def __exit__(self, *exc):
-        if self.code is not None:
+        if self.watched:
             sys.setprofile(self.previous)
         return False
 
 
-def grade_function(qid: str, fn: Callable, reference: Callable, cases: Iterable[Case],
-                   compare: Callable[[Any, Any], str | None], success: str) -> Verdict:
-    """Run `fn` and `reference` on every case; `compare(got, expected)` returns None or what differs."""
+def grade_function(
+    qid: str,
+    fn: Callable,
+    reference: Callable,
+    cases: Iterable[Case],
+    compare: Callable[[Any, Any], str | None],
+    success: str,
+    forbidden: Iterable[Callable] = (),
+) -> Verdict:
+    """Run `fn` and `reference` on every case; `compare(got, expected)` returns None or what differs.
+    `fn` fails if it calls `reference` or any of `forbidden` (library functions that compute what
+    the exercise asks)."""
     if not callable(fn):
         return Verdict(qid, False, f"expected a function, got {_kind_of(fn)}")
     borrowed = library_verdict(qid, fn)
@@ -337,22 +362,28 @@ def grade_function(qid: str, fn: Callable, reference: Callable, cases: Iterable[
         count += 1
         kwargs = case.kwargs or {}
         try:
-            with LibraryCalls(reference) as calls:
+            with LibraryCalls(reference, *forbidden) as calls:
                 got = fn(*case.args, **kwargs)
         except NotImplementedError as exc:
             return Verdict(qid, False, f"not implemented yet ({exc})" if str(exc) else "not implemented yet")
         except Exception as exc:  # the student's bug, reported as one line rather than a traceback
             return Verdict(qid, False, f"on {case.description}, raised {type(exc).__name__}: {exc}")
         if calls.seen:
-            return library_call_verdict(qid, reference)
+            return library_call_verdict(qid, calls.seen)
         problem = compare(got, reference(*case.args, **kwargs))
         if problem:
             return Verdict(qid, False, f"on {case.description}, {problem}")
     return Verdict(qid, True, success) if count else Verdict(qid, False, "no test cases were generated")
 
 
-def check_function(qid: str, fn: Callable, reference: Callable, cases: Iterable[Case],
-                   compare: Callable[[Any, Any], str | None], success: str) -> None:
+def check_function(
+    qid: str,
+    fn: Callable,
+    reference: Callable,
+    cases: Iterable[Case],
+    compare: Callable[[Any, Any], str | None],
+    success: str,
+) -> None:
     print(grade_function(qid, fn, reference, cases, compare, success).line)
 
 

@@ -2,9 +2,11 @@
 
 Each `infer/course/answer_keys/NN.json` maps a question id to what the lab states about it
 (`kind`, `unit`, `tolerance`: "exact" or a relative tolerance such as 0.01, `options` of a choice,
-`section`: where the lecture teaches it) plus `secret`, the concealed answer interval or choice
-(see `infer.course.checks`). Authors edit the stated fields by hand; this module recomputes every
-`secret` by running the answer block of each check question in solutions/NN_*.ipynb.
+`section`: where the lecture teaches it; for an exact count whose fraction must be rounded,
+`whole_number_rule`: the hint a fractional answer gets) plus `secret`, the concealed answer
+interval or choice (see `infer.course.checks`). Authors edit the stated fields by hand; this
+module recomputes every `secret` by running the answer block of each check question in
+solutions/NN_*.ipynb.
 
 What the lab states must match the key (tests/test_answer_keys.py checks both): a numeric
 question's text ends with `checks.tolerance_statement(tolerance)` ("*Checked exactly.*" or
@@ -43,7 +45,7 @@ def solution_answers(solution_path: Path) -> dict[str, object]:
             continue
         lines = cell.source.split("\n")
         try:
-            block = lines[lines.index(BEGIN) + 1: lines.index(END)]
+            block = lines[lines.index(BEGIN) + 1 : lines.index(END)]
         except ValueError:
             raise ValueError(f"{solution_path.name}: the cell of {match['qid']} has no solution block") from None
         namespace = {"math": math, "np": np}
@@ -62,8 +64,10 @@ def rebuilt_keys(week: str, root: Path = REPO_ROOT) -> dict[str, dict]:
     answers = solution_answers(solutions[0])
     unstated = sorted(set(answers) - set(stated))
     if unstated:
-        raise KeyError(f"{key_path.name} states nothing about {unstated}: add kind, unit, tolerance and section "
-                       f"for each (see this module's docstring)")
+        raise KeyError(
+            f"{key_path.name} states nothing about {unstated}: add kind, unit, tolerance and section "
+            f"for each (see this module's docstring)"
+        )
     orphans = sorted(set(stated) - set(answers))
     if orphans:
         raise KeyError(f"{key_path.name} has keys for {orphans}, which {solutions[0].name} does not ask")
@@ -82,8 +86,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Rebuild infer/course/answer_keys/*.json from solutions/.")
     parser.add_argument("--check", action="store_true", help="only report stale keys; exit 1 if any")
     args = parser.parse_args(argv)
-    return write_or_report_stale(((path, key_text(rebuilt_keys(path.stem))) for path in sorted(KEYS_DIR.glob("*.json"))),
-                                 args.check, "python -m infer.course.answer_keys.build")
+    return write_or_report_stale(
+        ((path, key_text(rebuilt_keys(path.stem))) for path in sorted(KEYS_DIR.glob("*.json"))),
+        args.check,
+        "python -m infer.course.answer_keys.build",
+    )
 
 
 if __name__ == "__main__":
