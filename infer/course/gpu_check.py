@@ -4,8 +4,8 @@
    what fits and what is skipped and why. Printed first; `--dry-run` (make gpu-check DRY=1)
    prints it on any machine and stops there.
 2. The GPU-only tests (tests/test_gpu_only.py: the gpu profile's model in bf16, SDPA backends,
-   flash-attn, the CUDA allocator, vLLM's CUDA build; and the Triton kernel on CUDA), with a
-   JUnit report.
+   flash-attn, the CUDA allocator, lab 01's check of synchronized timestamps, vLLM's CUDA build;
+   and the Triton kernel on CUDA), with a JUnit report.
 3. This GPU's step times, measured in seconds, and the plan made again with them.
 4. The notebooks on the `gpu-check` profile (the gpu profile's model at smaller sizes), in course
    order, each while its estimate fits what is left of the budget, each cell within a time limit.
