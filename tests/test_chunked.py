@@ -9,6 +9,8 @@ import pytest
 
 from infer.engine import Engine
 from infer.engine.scheduler import chunked_token_counts
+from infer.engine.simulator import simulate
+from infer.engine.step_costs import FixedStepCost
 from infer.model import Transformer
 from tests.engine_helpers import greedy, single_request_greedy
 
@@ -141,3 +143,27 @@ def test_prompts_longer_than_the_budget_are_accepted(model):
 def test_unknown_policy_names_the_valid_ones(model):
     with pytest.raises(ValueError, match="valid policies: 'static', 'continuous', 'chunked'"):
         Engine(model, policy="chunky")
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_a_prompt_mid_prefill_is_always_the_newest_running_sequence(seed):
+    """Why V1's arrival order and a decode-first sort give the same steps in this engine: a new
+    prompt starts only with budget every running sequence left over, so no decode ever runs after
+    a prompt that is still being prefilled (vLLM parts the two with --long-prefill-token-threshold)."""
+    rng = random.Random(seed)
+    n = rng.randint(3, 12)
+    run = simulate(
+        FixedStepCost(),
+        [rng.choice([rng.randint(1, 20), rng.randint(50, 300)]) for _ in range(n)],
+        [rng.randint(1, 12) for _ in range(n)],
+        policy="chunked",
+        max_num_seqs=rng.choice([2, 4, 8]),
+        max_num_batched_tokens=rng.choice([3, 16, 64, 200]),
+        max_model_len=512,
+        offsets=sorted(rng.uniform(0, 0.03) for _ in range(n)),
+    )
+    for step in run.steps:
+        kinds = [
+            item.prefill for item in step.items
+        ]  # in batch order: the running sequences as admitted, then newcomers
+        assert kinds == sorted(kinds), f"a decode after a prompt mid-prefill: {step.items}"
