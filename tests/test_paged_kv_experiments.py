@@ -38,3 +38,14 @@ def test_the_harnesses_run_and_report_what_the_lecture_reads(model):
     assert prefix["hit_rate"] > 0.5 and set(prefix["median_ttft_ms"]) == {"off", "on"}
     cost = indirection_cost(model, batch=4, context=20, steps=2, rounds=1)
     assert cost["ratio_paged_over_slots"] > 0
+
+
+def test_comparing_with_alone_tells_a_near_tie_from_a_bug(model):
+    from infer.experiments.paged_kv import compare_with_alone
+    from tests.engine_helpers import single_request_greedy
+
+    prompt = [5, 9, 11, 3]
+    tokens = single_request_greedy(model, prompt, 6)
+    assert compare_with_alone(model, prompt, tokens) == "same tokens"
+    wrong = tokens[:2] + [(tokens[2] + 1) % model.arch.vocab_size] + tokens[3:]
+    assert "NOT a near-tie: a bug" in compare_with_alone(model, prompt, wrong), "a token that is simply wrong is a bug"

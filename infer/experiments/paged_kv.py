@@ -24,6 +24,8 @@ from tqdm.auto import tqdm
 from infer.engine import Engine
 from infer.engine.replay import replay
 from infer.engine.sequence import benchmark_params
+from infer.generate import cached_greedy_generate
+from infer.kv_cache import KVCache
 from infer.metrics import calculate_metrics, save_results
 from infer.model import Transformer
 from infer.models import load_model
@@ -188,6 +190,29 @@ def indirection_cost(
         "decode_step_ms": {name: spread(values) for name, values in step_ms.items()},
         "ratio_paged_over_slots": statistics.median(step_ms["paged"]) / statistics.median(step_ms["slots"]),
     }
+
+
+@torch.no_grad()
+def compare_with_alone(model, prompt: list[int], tokens: list[int]) -> str:
+    """Whether `tokens` are the prompt's greedy tokens when it runs alone through week 02's cache,
+    and if not, where they part and how close the two best logits were there: a batch computes the
+    same sums in another order, so a float32 near-tie can go either way without anything being wrong."""
+    cache = KVCache.for_model(model, 1, len(prompt) + len(tokens))
+    alone = cached_greedy_generate(model, torch.tensor(prompt, device="cpu"), len(tokens), cache)[0].tolist()
+    if alone == tokens:
+        return "same tokens"
+    step = next(i for i, (a, b) in enumerate(zip(alone, tokens)) if a != b)
+    context = prompt + alone[:step]
+    logits = model(
+        torch.tensor(context, device=model.embed.weight.device),
+        torch.arange(len(context), device="cpu"),
+        KVCache.for_model(model, 1, len(context)),
+    )[-1].float()
+    best, second = logits.topk(2).values.tolist()
+    near_tie = best - second <= 1e-5 * max(abs(best), 1.0)
+    return f"differs from token {step}, where the two best logits alone are {best:.7f} and {second:.7f}: " + (
+        "a near-tie that rounding decides" if near_tie else "NOT a near-tie: a bug"
+    )
 
 
 TARGETS = {
