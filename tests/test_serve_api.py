@@ -248,7 +248,7 @@ def test_metrics_show_preemptions_and_prefix_hits_of_a_paged_store_under_pressur
             replies = list(pool.map(lambda body: http.post("/v1/completions", json=body), bodies))
         assert all(r.status_code == 200 for r in replies), [r.text for r in replies if r.status_code != 200]
         gauges = read_metrics(http.get("/metrics").text)
-    assert gauges["infer:num_preemptions"] > 0, "a pool of 16 blocks for 8 requests of 7 blocks each must preempt"
+    assert gauges["infer:num_preemptions_total"] > 0, "a pool of 16 blocks for 8 requests of 7 blocks each must preempt"
     assert gauges["infer:prefix_cache_hit_rate"] > 0.5, "the shared 64 tokens (4 blocks) should be found in the cache"
     assert gauges["infer:kv_cache_usage_perc"] == 0
 

@@ -14,6 +14,8 @@ import time
 
 import httpx
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily
+from prometheus_client.registry import Collector
 
 # Bucket edges in seconds: from a tiny model's sub-millisecond decode step to a long queue.
 LATENCY_BUCKETS_S = (
@@ -36,6 +38,18 @@ LATENCY_BUCKETS_S = (
 )
 
 
+class EngineCounter(Collector):
+    """A counter that the engine keeps (it only ever grows), read when Prometheus scrapes."""
+
+    def __init__(self, name: str, doc: str, labels: dict[str, str], read):
+        self.name, self.doc, self.labels, self.read = name, doc, labels, read
+
+    def collect(self):
+        counter = CounterMetricFamily(self.name, self.doc, labels=list(self.labels))
+        counter.add_metric(list(self.labels.values()), self.read())
+        yield counter
+
+
 class ServerMetrics:
     def __init__(self, engine, model_name: str):
         self.registry = CollectorRegistry()  # one per server, so that tests can run several
@@ -54,11 +68,15 @@ class ServerMetrics:
         gauge("infer:num_requests_waiting", "Requests queued for admission.", lambda: len(scheduler.waiting))
         gauge("infer:kv_cache_usage_perc", "Fraction of the KV store in use (1 = full).", lambda: engine.kv_store.usage)
         # The slot store reserves a whole sequence up front, so nothing is ever preempted; week 08's
-        # paged store preempts when its blocks run out. Read from the engine, like the gauges.
-        gauge(
-            "infer:num_preemptions",
-            "Requests preempted so far to free KV room (recomputed later).",
-            lambda: engine.num_preemptions,
+        # paged store preempts when its blocks run out. A counter read from the engine at each scrape,
+        # exposed as infer:num_preemptions_total (vLLM: vllm:num_preemptions_total).
+        self.registry.register(
+            EngineCounter(
+                "infer:num_preemptions",
+                "Requests preempted to free KV room (recomputed later).",
+                labels,
+                lambda: engine.num_preemptions,
+            )
         )
         gauge(
             "infer:prefix_cache_hit_rate",
