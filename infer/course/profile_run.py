@@ -22,7 +22,7 @@ from pathlib import Path
 import nbformat
 
 from infer import STRICT_DEVICES_ENV_VAR
-from infer.course.notebooks import CELL_TIMEOUT_S, CellFailed, execute
+from infer.course.notebooks import CELL_TIMEOUT_S, CellFailed, execute, shown_path, write_notebook
 from infer.metrics import RESULTS_ENV_VAR
 from infer.models import WEIGHTS_ENV_VAR
 from infer.paths import REPO_ROOT
@@ -106,10 +106,11 @@ def run_notebook(
     started = time.perf_counter()
     with profile_environment(profile_name, out_dir, strict_devices=strict_devices, weights=weights):
         try:
-            execute(notebook, executed, write_on_error=True, cell_timeout_s=cell_timeout_s)
+            execute(notebook, executed, cell_timeout_s=cell_timeout_s)
             error = None
         except CellFailed as failure:  # an error in a cell, a cell past its time limit, a dead kernel
             error = failure.error
+            write_notebook(failure.partial, executed)  # as far as it ran, with the traceback, for reading
     seconds = time.perf_counter() - started
     text = _output_text(executed) if executed.exists() else ""
     failed_check = next((line.strip() for line in text.splitlines() if line.lstrip().startswith(FAILED_CHECK)), None)
@@ -117,12 +118,6 @@ def run_notebook(
         error = f"a check failed: {failed_check[:300]}"
     skips = tuple(dict.fromkeys(line.strip() for line in text.splitlines() if SKIP_LINE.search(line)))
     return NotebookRun(shown_path(notebook), executed, seconds, error, skips, text)
-
-
-def shown_path(notebook: Path) -> Path:
-    """The notebook relative to the repository (just its name when it lies elsewhere)."""
-    resolved = notebook.resolve()
-    return resolved.relative_to(REPO_ROOT) if resolved.is_relative_to(REPO_ROOT) else Path(notebook.name)
 
 
 def write_summary(out_dir: Path, header: list[str], lines: list[str]) -> Path:
