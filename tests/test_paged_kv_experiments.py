@@ -49,3 +49,15 @@ def test_comparing_with_alone_tells_a_near_tie_from_a_bug(model):
     assert compare_with_alone(model, prompt, tokens) == "same tokens"
     wrong = tokens[:2] + [(tokens[2] + 1) % model.arch.vocab_size] + tokens[3:]
     assert "NOT a near-tie: a bug" in compare_with_alone(model, prompt, wrong), "a token that is simply wrong is a bug"
+
+
+def test_the_pressure_sweep_sees_preemptions_past_the_knee(tiny):
+    from infer.experiments.paged_kv import pressure_sweep, requests_that_fit
+
+    rows = pressure_sweep(
+        tiny, (1, 6), num_kv_blocks=8, block_size=16, input_len=24, output_len=24, rounds=1, max_model_len=64
+    )
+    assert requests_that_fit(8, 16, 48) == 2
+    assert rows[0]["preemptions"] == 0, "one request at a time always fits"
+    assert rows[1]["preemptions"] > 0, "six requests of three blocks in a pool of eight must preempt"
+    assert all(r["completed"] == r["concurrency"] and r["failed"] == 0 for r in rows)

@@ -8,7 +8,9 @@
 - `prefix_caching_ttft`: requests that share a long system prompt, one at a time, with prefix
   caching off and on, in alternating rounds: TTFT and the hit rate.
 - `indirection_cost`: one decode step of a full batch through block tables of small blocks vs
-  through slots read in place, timed in alternating rounds.
+  through slots read in place, timed in alternating rounds;
+- `pressure_sweep`: the course server with a small paged pool, driven by the benchmark client at
+  rising concurrency: preemptions (from /metrics), TTFT, TPOT and throughput, the knee marked.
 
 `python -m infer.experiments.paged_kv` runs them all and writes results/08_paged_kv_<profile>.json.
 """
@@ -18,6 +20,8 @@ import random
 import statistics
 import time
 
+import httpx
+import matplotlib.pyplot as plt
 import torch
 from tqdm.auto import tqdm
 
@@ -29,8 +33,12 @@ from infer.kv_cache import KVCache
 from infer.metrics import calculate_metrics, save_results
 from infer.model import Transformer
 from infer.models import load_model
+from infer.plotting import save_figure
 from infer.profiles import pick_profile
 from infer.provenance import provenance
+from infer.serve.client import run_benchmark, workload_for_model
+from infer.serve.metrics import read_metrics
+from infer.serve.server import EngineSettings, start_server
 from infer.timing import cpu_threads
 from infer.workloads import Workload, mixed_workload, random_prompt
 
@@ -192,6 +200,68 @@ def indirection_cost(
     }
 
 
+def pressure_sweep(
+    lm,
+    levels: tuple[int, ...],
+    *,
+    num_kv_blocks: int,
+    block_size: int = 16,
+    input_len: int = 128,
+    output_len: int = 64,
+    rounds: int = 3,
+    max_model_len: int = 512,
+) -> list[dict]:
+    """The course server with a paged store of `num_kv_blocks`, driven by the benchmark client at
+    each concurrency (a closed loop: `rounds` x level requests, a new one as soon as one ends).
+    Per level: the client's TTFT, TPOT and throughput, and the server's preemptions from /metrics."""
+    settings = EngineSettings(
+        policy="chunked",
+        max_num_seqs=max(levels),
+        max_num_batched_tokens=2048,
+        max_model_len=max_model_len,
+        kv_store="paged",
+        num_kv_blocks=num_kv_blocks,
+        block_size=block_size,
+    )
+    rows = []
+    with start_server(lm, settings, model_name="pressure") as server, httpx.Client(timeout=30) as http:
+        for level in tqdm(levels, desc="pressure: concurrency sweep"):
+            before = read_metrics(http.get(server.url + "/metrics").text)["infer:num_preemptions_total"]
+            requests = workload_for_model(lm.config, rounds * level, input_len, output_len, seed=level)
+            metrics, _ = run_benchmark(server.url, "pressure", requests, max_concurrency=level, progress=False)
+            after = read_metrics(http.get(server.url + "/metrics").text)["infer:num_preemptions_total"]
+            rows.append({"concurrency": level, "preemptions": after - before, **metrics})
+    return rows
+
+
+def requests_that_fit(num_kv_blocks: int, block_size: int, request_len: int) -> int:
+    """How many requests of `request_len` tokens the pool holds whole at once: past this concurrency
+    (the knee), running requests must be preempted to let the others grow."""
+    return num_kv_blocks // -(-request_len // block_size)
+
+
+def plot_pressure(rows: list[dict], knee: int):
+    """Preemptions, TTFT, TPOT and throughput against concurrency, the knee marked."""
+    x = [r["concurrency"] for r in rows]
+    fig, axes = plt.subplots(4, 1, figsize=(7, 10), sharex=True)
+    panels = [
+        ("preemptions", ["preemptions"], "preemptions in the level's run"),
+        ("TTFT", ["median_ttft_ms", "p90_ttft_ms"], "TTFT (ms): median, p90"),
+        ("TPOT", ["median_tpot_ms"], "median TPOT (ms)"),
+        ("throughput", ["output_throughput"], "output tokens/s"),
+    ]
+    for ax, (_, keys, label) in zip(axes, panels):
+        for key in keys:
+            ax.plot(x, [r[key] for r in rows], marker="o", label=key)
+        ax.axvline(knee, color="0.5", linestyle="--")
+        ax.set_ylabel(label)
+    axes[0].text(knee, 0, f" the pool holds {knee} requests whole", va="bottom", color="0.3")
+    axes[1].legend(fontsize=8)
+    axes[-1].set_xlabel("concurrency (requests in flight, closed loop)")
+    fig.suptitle("Expected: past the knee, preemptions appear and TTFT's tail grows")
+    return fig
+
+
 @torch.no_grad()
 def compare_with_alone(model, prompt: list[int], tokens: list[int]) -> str:
     """Whether `tokens` are the prompt's greedy tokens when it runs alone through week 02's cache,
@@ -215,6 +285,9 @@ def compare_with_alone(model, prompt: list[int], tokens: list[int]) -> str:
     )
 
 
+PRESSURE_BLOCKS = 96  # room for 8 requests of 128 + 64 tokens, in blocks of 16
+PRESSURE_LEVELS = (2, 4, 8, 12, 16, 24, 32)
+
 TARGETS = {
     "throughput_ratio_paged_over_slots": (">=", 1.5),
     "ttft_ratio_off_over_on": (">=", 3.0),
@@ -233,7 +306,11 @@ def main(argv: list[str] | None = None) -> dict:
     vocab = lm.config.vocab_size
     varied = mixed_workload("varied", vocab, 128, (32, 128), (32, 128), seed=8)
     with cpu_threads(1 if profile.device == "cpu" else None):
+        pressure = pressure_sweep(lm, PRESSURE_LEVELS, num_kv_blocks=PRESSURE_BLOCKS, rounds=args.rounds)
+        knee = requests_that_fit(PRESSURE_BLOCKS, 16, 128 + 64)
+        save_figure(plot_pressure(pressure, knee), f"08_pressure_{profile.name}", provenance(lm))
         results = {
+            "pressure": {"rows": pressure, "knee_concurrency": knee, "num_kv_blocks": PRESSURE_BLOCKS},
             "waste": reservation_waste([len(p) + n for p, n in zip(varied.prompts, varied.output_lens)], 1024),
             "capacity": capacity_at_equal_memory(model, varied, slots=8, max_model_len=1024, rounds=args.rounds),
             "prefix": prefix_caching_ttft(model, shared_prefix_workload(vocab, 12, 1024, 16, 8), rounds=args.rounds),
