@@ -1,6 +1,7 @@
 """Week 05's benchmark, each effect of batching measured apart, in one run: `make bench`, or
 `python -m infer.experiments.engine_bench`. Writes results/05_engine_bench_<profile>.json and
-figures/05_engine_bench.png, and prints how long it took.
+figures/05_engine_bench.png, and prints how long it took (about 7 minutes on a quiet 2-core
+machine; 15 under a load average of 6-8).
 
 Each effect is a ratio of output tokens/s between two systems that serve the same requests:
 - padding: the engine's static batching against `transformers`' static batched `generate()`, on
@@ -30,6 +31,7 @@ cost of the gpu profile's model, labelled SIMULATED.
 
 import argparse
 import json
+import os
 import random
 import statistics
 import time
@@ -67,6 +69,8 @@ ENGINE_CONTINUOUS, ENGINE_STATIC = "engine-continuous", "engine-static"
 HF_STATIC, HF_GENERATE_BATCH = "hf-static-generate", "hf-generate-batch"
 SYSTEMS = (ENGINE_CONTINUOUS, ENGINE_STATIC, HF_STATIC, HF_GENERATE_BATCH)
 STEP_BATCHES = (1, 2, 4, 8, 16, 32)  # decode step cost against batch size
+# From the rates issue 17 measured on a quiet 2-core machine; 15 minutes under a load average of 6-8 on one thread.
+QUIET_MINUTES = 7
 
 
 @dataclass(frozen=True)
@@ -451,24 +455,29 @@ def why_table(runs: dict, step_by_batch: dict) -> dict:
     }
 
 
-def format_report(workloads: dict[str, Workload], runs: dict, summary: dict, why: dict, gpu: dict) -> str:
+def format_report(document: dict) -> str:
+    """The results file as text: each system's output tokens/s, each effect, and the reasons."""
+    runs, summary, why, gpu = document["runs"], document["summary"], document["why"], document["gpu_simulated"]
     lines = []
     for name, by_system in runs.items():
-        lines.append(f"{name} ({len(workloads[name].prompts)} requests; full size: {WORKLOADS[name].describe()}):")
+        lines.append(
+            f"{name} ({document['workloads'][name]['requests']} requests; "
+            f"full size: {document['workloads'][name]['full_size']}):"
+        )
         for system, results in by_system.items():
-            lines.append(
-                f"  {system:>20}: {format_spread(spread([r['output_throughput'] for r in results]), '.0f')}"
-                " output tok/s"
-            )
-    lines.append("effects (ratios; median and range over rounds):")
+            throughput = format_spread(spread([r["output_throughput"] for r in results]), ".0f")
+            lines.append(f"  {system:>20}: {throughput} output tok/s")
+    lines.append("effects (ratios; median and range over the rounds):")
     for key, entry in summary.items():
-        verdict = f" target {entry['target']}: {'met' if entry['met'] else 'MISSED'}" if "target" in entry else ""
+        verdict = f"; target {entry['target']}: {'met' if entry['met'] else 'MISSED'}" if "target" in entry else ""
+        if entry.get("resolved") is False:
+            verdict = "; not resolved: the rounds range below 1, so the noise exceeds the overhead"
         lines.append(f"  {key}: {format_spread(entry)}{verdict}")
     ms = why["decode_step_ms_by_batch"]["ms"]
     lines.append(
-        "why: decode step ms by batch "
+        "why: a decode step of the engine, in ms, by batch: "
         + ", ".join(f"{b}: {ms[b]['median']:.1f}" for b in ms)
-        + f" ({why['decode_step_cost_largest_vs_smallest_batch']:.1f}x from the smallest to the largest)"
+        + f" ({why['decode_step_cost_largest_vs_smallest_batch']:.1f}x from the smallest batch to the largest)"
     )
     for name, by_policy in why["workloads"].items():
         lines.append(
@@ -484,6 +493,40 @@ def format_report(workloads: dict[str, Workload], runs: dict, summary: dict, why
         + ", ".join(f"{name} {w['continuous_vs_static']:.2f}x" for name, w in gpu["workloads"].items())
     )
     return "\n".join(lines)
+
+
+def reading(document: dict) -> list[str]:
+    """What the run says, in sentences whose directions and sizes come from its own numbers."""
+    summary, why, gpu = document["summary"], document["why"], document["gpu_simulated"]
+    gain = {name: summary[f"continuous_vs_static_{name.replace('-', '_')}"]["median"] for name in WORKLOADS}
+    largest = max(gain, key=gain.get)
+    shares = {name: why["workloads"][name][ENGINE_CONTINUOUS] for name in WORKLOADS}
+    gpu_ms = gpu["decode_step_ms_by_batch"]["ms"]
+    sentences = [
+        f"Inside the engine, continuous batching gained most on the {largest} workload ({gain[largest]:.2f}x "
+        f"static batching's output tokens/s); "
+        + ", ".join(f"{n}: {g:.2f}x" for n, g in gain.items() if n != largest)
+        + ".",
+        "The continuous runs spent "
+        + "; ".join(
+            f"{s['prefill_share']:.0%} of their time in prefill steps and {s['drain_share']:.0%} draining ({n}, "
+            f"{document['workloads'][n]['requests'] / MAX_NUM_SEQS:g} requests per slot)"
+            for n, s in shares.items()
+        )
+        + ".",
+        f"Here a decode step at the largest batch cost {why['decode_step_cost_largest_vs_smallest_batch']:.1f}x one "
+        f"at the smallest; on the simulated GPU {gpu_ms[max(gpu_ms, key=int)] / gpu_ms[min(gpu_ms, key=int)]:.2f}x, "
+        f"where continuous batching gains "
+        + ", ".join(f"{n} {w['continuous_vs_static']:.2f}x" for n, w in gpu["workloads"].items())
+        + " (SIMULATED).",
+    ]
+    if "padding_mixed" in summary and "padding_uniform" in summary:
+        sentences.append(
+            f"On the same batches, the engine's static batching served {summary['padding_mixed']['median']:.2f}x "
+            f"transformers' padded static generate() on 'mixed' and {summary['padding_uniform']['median']:.2f}x on "
+            f"'uniform', where nothing is padded."
+        )
+    return sentences
 
 
 # ---------------------------------------------------------------- the figure
@@ -636,7 +679,10 @@ def main(argv=None) -> dict:
         help="scale every workload's number of requests (a quick check of the harness: 0.1)",
     )
     args = parser.parse_args(argv)
-    started = time.perf_counter()
+    started, load_before = time.perf_counter(), os.getloadavg()[0]
+    print(
+        f"expect about {QUIET_MINUTES} minutes on a quiet 2-core machine at full size, more on a busy one", flush=True
+    )
     profile = pick_profile(args.profile)
     lm = load_model(profile=profile)
     model = Transformer.from_hf(lm.model)
@@ -654,6 +700,7 @@ def main(argv=None) -> dict:
         **provenance(lm),
         "threads": str(torch.get_num_threads() if args.threads is None else args.threads),
         "rounds": str(args.rounds),
+        "load_average_1min": f"{load_before:.1f} at the start, {os.getloadavg()[0]:.1f} at the end",
     }
     summary, why = summarize(runs, step_costs), why_table(runs, step_by_batch)
     document = {
@@ -679,7 +726,8 @@ def main(argv=None) -> dict:
     path = results_dir() / f"05_engine_bench_{profile.name}.json"
     path.write_text(json.dumps(document, indent=2) + "\n")
     figure = plot(runs, summary, why, gpu, meta)
-    print(format_report(workloads, runs, summary, why, gpu))
+    print(format_report(document))
+    print(*reading(document), sep="\n")
     print(f"wrote {path} and {figure} in {document['wall_s'] / 60:.1f} minutes")
     return document
 

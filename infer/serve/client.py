@@ -7,7 +7,8 @@ with `--backend openai --dataset-name random`, written so that it can be read.
 - Requests leave at `request_rate` per second as vLLM schedules them (infer.workloads.arrival_offsets:
   gamma gaps, `burstiness` 1 a Poisson process), or all at once for an infinite rate;
   `max_concurrency` caps the requests in flight. A request's clock starts when it is actually sent, after it got a slot.
-- One warm-up request runs first and must succeed, or the run stops with the server's reason.
+- One warm-up request runs first (`num_warmups`, as vLLM's --num-warmups) and must succeed, or
+  the run stops with the server's reason.
 - Each stream becomes an infer.records.RequestRecord (stream_record), and week 03's
   infer.metrics.calculate_metrics turns the records into vLLM's result keys.
 """
@@ -172,6 +173,7 @@ async def run_benchmark_async(
     seed: int = 0,
     slo_ms: dict | None = None,
     progress: bool = True,
+    num_warmups: int = 1,
 ) -> tuple[dict, list[RequestRecord]]:
     import httpx
     from tqdm.auto import tqdm
@@ -184,9 +186,10 @@ async def run_benchmark_async(
     offsets = arrival_offsets(len(requests), request_rate, burstiness, seed)
     limits = httpx.Limits(max_connections=max_concurrency or len(requests), max_keepalive_connections=None)
     async with httpx.AsyncClient(timeout=httpx.Timeout(CLIENT_TIMEOUT_S), limits=limits) as client:
-        warmup = await send_request(client, url, model, requests[0], ignore_eos)
-        if not warmup.success:
-            raise RuntimeError(f"the warm-up request to {url} failed: {warmup.error}")
+        for _ in range(num_warmups):  # untimed, as vLLM's --num-warmups
+            warmup = await send_request(client, url, model, requests[0], ignore_eos)
+            if not warmup.success:
+                raise RuntimeError(f"the warm-up request to {url} failed: {warmup.error}")
 
         slots = asyncio.Semaphore(max_concurrency or len(requests))
         bar = tqdm(total=len(requests), desc=f"requests to {base_url}", disable=not progress)
