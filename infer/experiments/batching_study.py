@@ -191,6 +191,6 @@ def plot_sweep(rows: list[dict], baseline: list[dict] | None = None):
         ax.legend(fontsize=8)
     left.set_ylabel("output tokens/s")
     right.set_ylabel("median TPOT (ms)")
-    left.set_title("throughput rises, then flattens", fontsize=9)
-    right.set_title("each stream slows as the batch grows", fontsize=9)
+    left.set_title("output throughput against concurrency")  # what it shows is the run's to say, not the title's
+    right.set_title("each stream's speed: median TPOT")
     return fig
