@@ -1,49 +1,111 @@
-"""infer.experiments.side_by_side without servers: the summary's ratios, the table and the figure from
-given runs; and the commands it would run for vLLM."""
+"""infer.experiments.side_by_side without servers: medians over interleaved rounds, the ratios
+taken within each round, the table and the figure from given runs, the cores read from the servers'
+logs; and the commands it would run for vLLM."""
 
 import pytest
 
+from infer.experiments.side_by_side import (
+    CONCURRENCY,
+    KEPT_KEYS,
+    cores_used,
+    format_table,
+    median_rows,
+    plot_side_by_side,
+    run_row,
+    summarize,
+)
 from infer.provenance import provenance
-from infer.experiments.side_by_side import CONCURRENCY, format_table, plot_side_by_side, summarize
 from infer.serve.vllm_server import bench_command, gpu_commands, server_command
 
-
-def run(system, concurrency, throughput):
-    return {"system": system, "max_concurrency": concurrency, "input_len": 256, "output_len": 64, "num_prompts": 64,
-            "completed": 64, "failed": 0, "duration": 1.0, "total_output_tokens": 4096,
-            "output_throughput": throughput, "request_throughput": throughput / 64, "median_ttft_ms": 10.0,
-            "p99_ttft_ms": 20.0, "median_tpot_ms": 2.0, "p99_tpot_ms": 3.0, "median_itl_ms": 2.0, "p99_itl_ms": 4.0,
-            "median_e2el_ms": 140.0, "p99_e2el_ms": 200.0}
+ROUNDS = 3
+BASE = {"transformers-sequential": 100.0, "course-server": 300.0, "vllm-server": 400.0}
+COURSE_SPEED_BY_ROUND = (1.0, 1.1, 0.8)  # course / vLLM: 0.75, 0.825, 0.6 in rounds 0, 1, 2
 
 
-RUNS = [run(system, c, base * c ** 0.5) for system, base in
-        (("transformers-sequential", 100.0), ("course-server", 300.0), ("vllm-server", 400.0)) for c in CONCURRENCY]
+def run(system, concurrency, round_index, num_prompts=128):
+    speed = COURSE_SPEED_BY_ROUND[round_index] if system == "course-server" else 1.0
+    throughput = BASE[system] * concurrency**0.5 * speed
+    result = {key: 1.0 for key in KEPT_KEYS}
+    result.update(
+        num_prompts=num_prompts,
+        completed=num_prompts,
+        failed=0,
+        output_throughput=throughput,
+        request_throughput=throughput / 64,
+    )
+    return run_row(system, concurrency, round_index, result)
 
 
-def test_summary_ratios_at_the_top_concurrency():
-    summary = summarize(RUNS)
-    assert summary["concurrency"] == max(CONCURRENCY)
-    assert summary["course_vs_vllm_output_throughput"] == pytest.approx(0.75)
-    assert summary["course_vs_sequential_output_throughput"] == pytest.approx(3.0)
-    assert "course_vs_vllm_output_throughput" not in summarize([r for r in RUNS if r["system"] != "vllm-server"])
+RUNS = [run(system, c, r) for c in CONCURRENCY for r in range(ROUNDS) for system in BASE]
 
 
-def test_table_and_figure(tiny):
-    table = format_table(RUNS)
-    assert table.count("\n") == len(RUNS) and "vllm-server" in table
-    path = plot_side_by_side(RUNS, provenance(tiny))
+def test_ratios_are_taken_within_each_round_then_summarized():
+    summary = summarize(RUNS, ROUNDS)
+    assert summary["concurrency"] == max(CONCURRENCY) and summary["rounds"] == ROUNDS
+    ratio = summary["course_vs_vllm_output_throughput"]
+    assert ratio["per_round"] == pytest.approx([0.75, 0.825, 0.6])
+    assert (ratio["median"], ratio["min"], ratio["max"]) == pytest.approx((0.75, 0.6, 0.825))
+    assert summary["course_vs_sequential_output_throughput"]["median"] == pytest.approx(3.0)
+    assert "course_vs_vllm_output_throughput" not in summarize([r for r in RUNS if r["system"] != "vllm-server"], 3)
+
+
+def test_medians_over_rounds_keep_the_throughputs_range():
+    rows = {(r["system"], r["max_concurrency"]): r for r in median_rows(RUNS)}
+    course = rows[("course-server", 4)]
+    assert course["rounds"] == ROUNDS
+    assert course["output_throughput"] == pytest.approx(600.0)
+    assert (course["output_throughput_min"], course["output_throughput_max"]) == pytest.approx((480.0, 660.0))
+
+
+def test_table_shows_a_p90_only_where_the_requests_support_it_and_the_figure(tiny):
+    medians = median_rows(RUNS)
+    table = format_table(medians)
+    assert table.count("\n") == len(medians) and "vllm-server" in table and " - " not in table
+    few = format_table(median_rows([run("course-server", 1, r, num_prompts=10) for r in range(ROUNDS)]))
+    assert " - " in few  # 10 requests: one beyond p90, too few to place it
+    path = plot_side_by_side(medians, provenance(tiny))
     assert path.exists() and path.stat().st_size > 10_000
+
+
+def test_cores_are_read_from_the_servers_logs(tmp_path):
+    course, vllm = tmp_path / "course.log", tmp_path / "vllm.log"
+    course.write_text("device: cpu (2 threads) | model: tiny (3.0M params) | weights: random\n")
+    vllm.write_text(
+        "INFO OpenMP thread binding info:\n\tlocal_rank=0, core ids=[1]\n\treserved_cpus=[0]\n"
+        "INFO Reducing Torch threads from 2 to 1 for serving.\n"
+    )
+    cores = cores_used(course, vllm)
+    assert cores["course-server"].startswith("cpu (2 threads)")
+    assert "cores [1]" in cores["vllm-server"] and "cores [0] reserved" in cores["vllm-server"]
+    assert "from 2 to 1" in cores["vllm-server"]
+    assert "vllm-server" not in cores_used(course, None)
 
 
 def test_vllm_commands_stay_on_loopback_and_carry_the_workload():
     serve = server_command("folder", "tiny", 8123)
     assert serve[serve.index("--host") + 1] == "127.0.0.1" and "--served-model-name" in serve
-    bench = bench_command("http://127.0.0.1:8123", "tiny", "folder", num_prompts=8, input_len=32, output_len=4,
-                          max_concurrency=2, result_dir="out", result_filename="r.json", goodput={"ttft": 200})
-    for flag, value in (("--random-input-len", "32"), ("--random-output-len", "4"), ("--max-concurrency", "2"),
-                        ("--goodput", "ttft:200"), ("--num-prompts", "8")):
+    bench = bench_command(
+        "http://127.0.0.1:8123",
+        "tiny",
+        "folder",
+        num_prompts=8,
+        input_len=32,
+        output_len=4,
+        max_concurrency=2,
+        result_dir="out",
+        result_filename="r.json",
+        goodput={"ttft": 200},
+    )
+    for flag, value in (
+        ("--random-input-len", "32"),
+        ("--random-output-len", "4"),
+        ("--max-concurrency", "2"),
+        ("--goodput", "ttft:200"),
+        ("--num-prompts", "8"),
+    ):
         assert bench[bench.index(flag) + 1] == value
     assert "--ignore-eos" in bench
     commands = gpu_commands()
     assert "--max-num-batched-tokens" in commands["serve"] and "--goodput" in commands["bench"]
     assert "vllm bench sweep serve" in commands["sweep"] and "budgets.json" in commands["sweep"]
+    assert "--ignore-eos" in commands["bench"], "a fixed-length benchmark must not stop at an end-of-sequence token"

@@ -110,11 +110,13 @@ BUDGET_GRID = (512, 2048, 8192, 16384)  # --max-num-batched-tokens values of the
 
 def gpu_commands(model: str = GPU_MODEL, slo_ms: dict[str, float] | None = None) -> dict[str, str]:
     """The seed's GPU workflow as commands to type: the server with a token budget, the benchmark
-    with goodput SLOs, and the sweep over budgets (it restarts the server for each)."""
+    with goodput SLOs, and the sweep over budgets (it restarts the server for each). The benchmark
+    adds `--ignore-eos`, which the seed's command lacks: without it an answer may stop at an
+    end-of-sequence token, and the run no longer measures the 64 output tokens it asks for."""
     slo_ms = slo_ms or {"ttft": 500, "tpot": 20}
     base_serve = f"vllm serve {model} --dtype bfloat16 --max-model-len 8192"  # the sweep adds each budget
     bench = (f"vllm bench serve --backend openai-chat --endpoint /v1/chat/completions --model {model} "
-             f"--dataset-name random --random-input-len 2048 --random-output-len 64 --num-prompts 200 "
+             f"--dataset-name random --random-input-len 2048 --random-output-len 64 --ignore-eos --num-prompts 200 "
              f"--request-rate 8 --max-concurrency 16 --percentile-metrics ttft,tpot,itl,e2el "
              f"--goodput {' '.join(f'{k}:{v:g}' for k, v in slo_ms.items())} --save-result")
     budgets = json.dumps([{"max_num_batched_tokens": b} for b in BUDGET_GRID])
