@@ -4,6 +4,7 @@ always gets the same line."""
 
 import json
 import math
+import random
 
 import numpy as np
 import pytest
@@ -209,3 +210,49 @@ def test_op_watch_sees_ops_and_sizes():
         x @ x.T
     assert watch.first(["aten::cat"]) == "aten::cat" and watch.first(["scaled_dot_product"]) is None
     assert watch.first_larger_than(64) == ("aten::cat", (8, 8)) and watch.first_larger_than(65) is None
+
+
+def test_a_copy_of_a_library_class_is_named_as_the_class_it_copies():
+    from infer.kv_cache import KVCache
+
+    clone = type("SimpleKVCache", (), dict(vars(KVCache)))  # keeps KVCache's __module__, not its name
+    assert library_origin(clone) == "infer.kv_cache.KVCache"
+    renamed = type("SimpleKVCache", (), {k: v for k, v in vars(KVCache).items() if k != "__module__"})
+    assert library_origin(renamed) == "infer.kv_cache.KVCache", "its methods are the library's"
+
+
+def test_library_calls_watch_a_class_through_any_wrapper():
+    from infer.course.checks import LibraryCalls
+    from infer.kv_cache import KVCache
+
+    class Proxy:
+        def __init__(self, *args):
+            self.inner = KVCache(*args)
+
+        def __getattr__(self, name):
+            return getattr(self.inner, name)
+
+    class Handout:
+        def __new__(cls, *args):
+            return KVCache(*args)
+
+    for build in (Proxy, Handout, lambda *args: KVCache(*args)):
+        with LibraryCalls(KVCache) as calls:
+            build(1, 1, 4, 1, 2)
+        assert calls.seen is KVCache, build
+    with LibraryCalls(KVCache) as calls:
+        torch.zeros(1, 1, 4, 2)
+    assert calls.seen is None
+
+
+def test_grading_adds_cases_nobody_saw(monkeypatch):
+    from infer.course.checks import GRADING_SALT_ENV, case_rngs
+
+    monkeypatch.delenv(GRADING_SALT_ENV, raising=False)
+    (home,) = case_rngs("99.f")
+    assert home.random() == checks.case_rng("99.f").random()
+    monkeypatch.setenv(GRADING_SALT_ENV, "abc")
+    visible, unseen = case_rngs("99.f")
+    assert visible.random() == checks.case_rng("99.f").random() != unseen.random()
+    monkeypatch.setenv(GRADING_SALT_ENV, "abd")
+    assert case_rngs("99.f")[1].random() != random.Random("99.f|grading|abc").random()

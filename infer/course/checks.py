@@ -8,11 +8,13 @@ The API that labs (and week 05's engine lab) build on:
   a student's function run against the library's reference on every `Case`; `compare(got,
   expected)` returns None or what differs. A function (or class, or subclass) that *is* the
   library's own, imported rather than written, fails before any case runs (`library_origin`), and
-  so does one that calls a library reference to get its answer (`LibraryCalls`). A lab whose
+  so does one that calls a library reference, or any of the `forbidden` library functions and
+  classes that compute what the exercise asks, to get its answer (`LibraryCalls`). A lab whose
   students are meant to subclass a library base class must not hand that class to these checks.
-- `close_to(rel_tol, unit)` and `same_tokens` are ready-made comparisons; `case_rng(qid)` is the
-  seeded generator a check draws its cases from; `OpWatch` records the aten ops that code runs
-  and the shapes they produce, so a check can refuse a shortcut (torch.cat, SDPA, an N x N tensor).
+- `close_to(rel_tol, unit)` and `same_tokens` are ready-made comparisons; `case_rngs(qid)` gives
+  the seeded generators a check draws its cases from (at grading, one more that nobody saw);
+  `OpWatch` records the aten ops that code runs and the shapes they produce, so a check can refuse
+  a shortcut (torch.cat, SDPA, an N x N tensor).
 
 `grade_*` return a `Verdict`; `check_*` print its line, so a check cell shows one line.
 
@@ -30,6 +32,7 @@ import inspect
 import json
 import math
 import numbers
+import os
 import random
 import struct
 import sys
@@ -73,6 +76,25 @@ def case_rng(qid: str) -> random.Random:
     """The random generator a check draws its cases from: seeded by the check's id, so a wrong
     function fails with the same line on every run (string seeds do not depend on PYTHONHASHSEED)."""
     return random.Random(qid)
+
+
+# Set by the grader in each check cell, just before the check runs (never at home): the seed of
+# cases that no student has seen. See case_rngs.
+GRADING_SALT_ENV = "INFER_GRADING_SALT"
+
+
+def grading_salt() -> str | None:
+    """The grader's seed for unseen cases, or None at home."""
+    return os.environ.get(GRADING_SALT_ENV) or None
+
+
+def case_rngs(qid: str) -> list[random.Random]:
+    """The generators a check draws its random cases from: `case_rng(qid)`, whose cases a student
+    meets at home, and at grading one more, seeded by the grader's salt, whose cases (other seeds,
+    other shapes) nobody saw: code written to the visible cases fails there. A check's line on
+    success is the same either way."""
+    salt = grading_salt()
+    return [case_rng(qid)] + ([random.Random(f"{qid}|grading|{salt}")] if salt else [])
 
 
 def torch_generator(rng: random.Random) -> torch.Generator:
@@ -276,16 +298,37 @@ class Case:
 
 def library_origin(obj: Any) -> str | None:
     """The dotted name of the course library's object that `obj` is (or subclasses, or wraps with
-    functools.partial), or None when the student wrote it. A lab asks for the idea written by hand:
-    handing in `infer.kv_cache.KVCache` itself proves nothing."""
+    functools.partial, or copies with `type()`), or None when the student wrote it. A lab asks for
+    the idea written by hand: handing in `infer.kv_cache.KVCache` itself proves nothing."""
     candidates = [getattr(obj, "func", None), getattr(obj, "__func__", None), obj]
     if isinstance(obj, type):
         candidates += list(obj.__mro__)
     for candidate in candidates:
         module = getattr(candidate, "__module__", None) or ""
         if module == LIBRARY_PACKAGE or module.startswith(LIBRARY_PACKAGE + "."):
-            return f"{module}.{getattr(candidate, '__qualname__', type(candidate).__name__)}"
+            return _library_name(candidate, module)
+    if isinstance(obj, type):  # a class of the student's own name whose methods are the library's
+        for klass in obj.__mro__:
+            for value in vars(klass).values():
+                origin = library_origin(value) if inspect.isfunction(value) else None
+                if origin:
+                    return origin.rsplit(".", 1)[0]
     return None
+
+
+def _library_name(candidate: Any, module: str) -> str:
+    """`module.qualname`, or for a copy of a library class (`type("Mine", (), dict(vars(KVCache)))`
+    keeps the library's `__module__`) the name of the class whose methods it holds."""
+    qualname = getattr(candidate, "__qualname__", type(candidate).__name__)
+    found = sys.modules.get(module)
+    for part in qualname.split("."):
+        found = getattr(found, part, None)
+    if found is candidate or not isinstance(candidate, type):
+        return f"{module}.{qualname}"
+    for value in vars(candidate).values():
+        if inspect.isfunction(value) and (value.__module__ or "").startswith(LIBRARY_PACKAGE):
+            return f"{value.__module__}.{value.__qualname__.rsplit('.', 1)[0]}"
+    return f"{module}.{qualname}"
 
 
 def library_verdict(qid: str, obj: Any) -> Verdict | None:
@@ -311,17 +354,34 @@ def library_call_verdict(qid: str, reference: Callable) -> Verdict:
     )
 
 
+def watched_code(reference: Any) -> list:
+    """The code objects whose run means `reference` ran: a function's own (unwrapped: decorators
+    such as torch.no_grad share one wrapper code object among all they wrap), or, for a library
+    class, those of every method it and its library bases define (so that a factory, a proxy or a
+    `__new__` that hands out the library's class is seen as soon as it is built or used)."""
+    if isinstance(reference, type):
+        codes = []
+        for klass in reference.__mro__:
+            if (getattr(klass, "__module__", None) or "").startswith(LIBRARY_PACKAGE):
+                for value in vars(klass).values():
+                    value = value.fget if isinstance(value, property) else getattr(value, "__func__", value)
+                    if inspect.isfunction(value):
+                        codes.append(inspect.unwrap(value).__code__)
+        return codes
+    code = getattr(inspect.unwrap(reference), "__code__", None)
+    return [code] if code is not None else []
+
+
 class LibraryCalls:
     """Inside `with LibraryCalls(*references) as calls:`, `calls.seen` becomes the first of
-    `references` that runs (None while none has), counting only the course library's functions: a
-    student function that only wraps one (`return ttft_and_tpot_ms(...)`, or a lambda, a partial,
-    a getattr: each ends in a call) is the library's, not the student's. Calls are watched, not
-    names. Uses the interpreter's profile hook, for this thread only."""
+    `references` that runs (None while none has), counting only the course library's functions and
+    classes: a student function that only wraps one (`return ttft_and_tpot_ms(...)`, or a lambda, a
+    partial, a getattr, a factory, a proxy: each ends in a call) is the library's, not the
+    student's. Calls are watched, not names. Uses the interpreter's profile hook, for this thread
+    only."""
 
     def __init__(self, *references: Callable):
-        # Unwrapped: decorators such as torch.no_grad share one wrapper code object among all they wrap.
-        codes = {getattr(inspect.unwrap(r), "__code__", None): r for r in references if library_origin(r)}
-        self.watched = {code: r for code, r in codes.items() if code is not None}
+        self.watched = {code: r for r in references if library_origin(r) for code in watched_code(r)}
         self.seen = None
 
     def _hook(self, frame, event, arg):
@@ -383,8 +443,9 @@ def check_function(
     cases: Iterable[Case],
     compare: Callable[[Any, Any], str | None],
     success: str,
+    forbidden: Iterable[Callable] = (),
 ) -> None:
-    print(grade_function(qid, fn, reference, cases, compare, success).line)
+    print(grade_function(qid, fn, reference, cases, compare, success, forbidden).line)
 
 
 def same_tokens(got, expected) -> str | None:
