@@ -1,0 +1,353 @@
+"""Lab 08's checks: the right allocator, names and cached prefix pass; each wrong implementation
+that breaks a rule the lab states fails with a message naming that rule; the library's store is
+refused, and so is anything that reaches it (a subclass, a lambda, a delegating class, getattr, a
+private helper); and the check's references agree with the library's store."""
+
+import random
+from collections import deque
+
+import pytest
+
+from infer.course.exercises import week08
+from infer.course.exercises.week08 import (
+    grade_allocator,
+    grade_block_names,
+    grade_cached_prefix,
+    library_step,
+    random_trace,
+    reference_cached_prefix,
+)
+from infer.engine import paged_kv_store
+from infer.engine.paged_kv_store import PagedKVStore
+from infer.engine.sequence import SamplingParams, Sequence
+
+# ---------------------------------------------------------------- the allocator
+
+
+class Allocator:
+    """The lab's allocator, as a student writes it."""
+
+    def __init__(self, num_blocks, block_size):
+        self.block_size = block_size
+        self.free_blocks = deque(range(num_blocks))
+        self.ref_counts = [0] * num_blocks
+        self.block_tables = {}
+        self.num_tokens = {}
+
+    def blocks_for(self, num_tokens):
+        return -(-num_tokens // self.block_size)
+
+    def room(self, cached_blocks):
+        return len(self.free_blocks) - sum(1 for block in cached_blocks if self.ref_counts[block] == 0)
+
+    def allocate(self, seq_id, num_tokens, cached_blocks=()):
+        if self.blocks_for(num_tokens) - len(cached_blocks) > self.room(cached_blocks):
+            return False
+        for block in cached_blocks:
+            self.take(block)
+        self.block_tables[seq_id] = list(cached_blocks)
+        self.num_tokens[seq_id] = 0
+        return self.append(seq_id, num_tokens)
+
+    def take(self, block):
+        if self.ref_counts[block] == 0:
+            self.free_blocks.remove(block)
+        self.ref_counts[block] += 1
+
+    def append(self, seq_id, num_tokens):
+        table, total = self.block_tables[seq_id], self.num_tokens[seq_id] + num_tokens
+        new = self.blocks_for(total) - len(table)
+        if new > len(self.free_blocks):
+            return False
+        for _ in range(new):
+            table.append(self.next_free_block())
+            self.ref_counts[table[-1]] = 1
+        self.num_tokens[seq_id] = total
+        return True
+
+    def next_free_block(self):
+        return self.free_blocks.popleft()
+
+    def free(self, seq_id):
+        for block in reversed(self.block_tables.pop(seq_id)):
+            self.release(block)
+        del self.num_tokens[seq_id]
+
+    def release(self, block):
+        self.ref_counts[block] -= 1
+        if self.ref_counts[block] == 0:
+            self.free_blocks.append(block)
+
+
+class FreesSharedBlocksAtOnce(Allocator):
+    def release(self, block):
+        self.ref_counts[block] -= 1
+        self.free_blocks.append(block)  # even while another table holds it
+
+
+class HandsOutTheNewestFreeBlock(Allocator):
+    def next_free_block(self):
+        return self.free_blocks.pop()  # the tail: the block freed last
+
+
+class FreesToTheHead(Allocator):
+    def release(self, block):
+        self.ref_counts[block] -= 1
+        if self.ref_counts[block] == 0:
+            self.free_blocks.appendleft(block)
+
+
+class FreesInTableOrder(Allocator):
+    def free(self, seq_id):
+        for block in self.block_tables.pop(seq_id):
+            self.release(block)
+        del self.num_tokens[seq_id]
+
+
+class LeavesCachedBlocksOnTheFreeList(Allocator):
+    def take(self, block):
+        self.ref_counts[block] += 1
+
+
+class CountsCachedBlocksAsRoom(Allocator):
+    def room(self, cached_blocks):
+        return len(self.free_blocks)
+
+
+class TakesWhatItCanWhenShort(Allocator):
+    def append(self, seq_id, num_tokens):
+        table, total = self.block_tables[seq_id], self.num_tokens[seq_id] + num_tokens
+        while len(table) < self.blocks_for(total):
+            if not self.free_blocks:
+                return False  # with the blocks taken so far still in the table
+            table.append(self.next_free_block())
+            self.ref_counts[table[-1]] = 1
+        self.num_tokens[seq_id] = total
+        return True
+
+
+class OneBlockTooManyOnExactMultiples(Allocator):
+    def blocks_for(self, num_tokens):
+        return num_tokens // self.block_size + 1
+
+
+class AppendIgnoresRoomInTheLastBlock(Allocator):
+    def append(self, seq_id, num_tokens):
+        new = self.blocks_for(num_tokens)
+        if new > len(self.free_blocks):
+            return False
+        for _ in range(new):
+            self.block_tables[seq_id].append(self.next_free_block())
+            self.ref_counts[self.block_tables[seq_id][-1]] = 1
+        self.num_tokens[seq_id] += num_tokens
+        return True
+
+
+def test_the_right_allocator_passes():
+    verdict = grade_allocator(Allocator)
+    assert verdict.ok, verdict.line
+    assert verdict.line == grade_allocator(Allocator).line, "the same line on every run"
+
+
+@pytest.mark.parametrize(
+    "wrong, rule",
+    [
+        (FreesSharedBlocksAtOnce, "a shared block is freed only when its reference count reaches 0"),
+        (HandsOutTheNewestFreeBlock, "new blocks come from the head of the free list, the least recently freed first"),
+        (FreesToTheHead, "freed blocks go to the tail, to be handed out last"),
+        (FreesInTableOrder, "a sequence gives its blocks back last block first"),
+        (LeavesCachedBlocksOnTheFreeList, "leaves it when a sequence takes it"),
+        (CountsCachedBlocksAsRoom, "are the cached ones this sequence takes, not extra room"),
+        (TakesWhatItCanWhenShort, "an operation that does not fit changes nothing"),
+        (OneBlockTooManyOnExactMultiples, "expected ceil(8 / 4) = 2"),
+        (AppendIgnoresRoomInTheLastBlock, "an append takes a new block only when the last one is full"),
+    ],
+    ids=lambda value: value.__name__ if isinstance(value, type) else "",
+)
+def test_each_broken_rule_is_named(wrong, rule):
+    verdict = grade_allocator(wrong)
+    assert not verdict.ok and rule in verdict.reason, verdict.line
+
+
+def test_an_allocator_that_returns_nothing_is_told_so():
+    class ReturnsNothing(Allocator):
+        def append(self, seq_id, num_tokens):
+            super().append(seq_id, num_tokens)
+
+    verdict = grade_allocator(ReturnsNothing)
+    assert not verdict.ok and "returned None; expected True (it fit) or False" in verdict.reason, verdict.line
+
+
+class Delegating:
+    def __init__(self, num_blocks, block_size):
+        self.store = PagedKVStore(num_blocks, block_size)
+
+
+class ThroughGetattr:
+    def __init__(self, num_blocks, block_size):
+        store_class = "PagedKVStore"
+        self.store = getattr(paged_kv_store, store_class)(num_blocks, block_size)
+
+    def __getattr__(self, name):
+        return getattr(self.store, name)
+
+
+class BorrowsAPrivateHelper(Allocator):
+    def blocks_for(self, num_tokens):
+        return PagedKVStore._blocks_for(self, num_tokens)
+
+
+@pytest.mark.parametrize(
+    "borrowed, named",
+    [
+        (PagedKVStore, "library's own infer.engine.paged_kv_store.PagedKVStore"),
+        (type("Mine", (PagedKVStore,), {}), "library's own infer.engine.paged_kv_store.PagedKVStore"),
+        (lambda n, b: PagedKVStore(n, b), "infer.engine.paged_kv_store.PagedKVStore.__init__"),
+        (Delegating, "infer.engine.paged_kv_store.PagedKVStore.__init__"),
+        (ThroughGetattr, "infer.engine.paged_kv_store.PagedKVStore.__init__"),
+        (BorrowsAPrivateHelper, "infer.engine.paged_kv_store.PagedKVStore._blocks_for"),
+    ],
+    ids=["imported", "subclassed", "lambda", "delegating", "getattr", "private-helper"],
+)
+def test_the_library_store_is_refused_however_it_is_reached(borrowed, named):
+    verdict = grade_allocator(borrowed)
+    assert not verdict.ok and named in verdict.reason, verdict.line
+
+
+def test_random_traces_refuse_and_share():
+    """The random traces are worth running: the pool runs out and blocks are shared in them."""
+    rng = random.Random(1)
+    refused = shared = 0
+    for number in range(8):
+        trace = random_trace(rng, number)
+        store, live = PagedKVStore(trace.num_blocks, trace.block_size, enable_prefix_caching=True), {}
+        for op in trace.ops:
+            step = library_step(store, live, op)
+            refused += step.fits is False
+            shared += bool(step.cached)
+    assert refused and shared, (refused, shared)
+
+
+# ---------------------------------------------------------------- the names and the cached prefix
+
+
+def block_name(parent_name, block_tokens):
+    return hash((parent_name, tuple(block_tokens)))
+
+
+def name_without_parent(parent_name, block_tokens):
+    return hash(tuple(block_tokens))
+
+
+def chain(token_ids, block_size, name=block_name, partial_too=False):
+    """The names of a sequence's blocks, each from its tokens and the name before it."""
+    names, parent = [], None
+    last = len(token_ids) if partial_too else len(token_ids) - block_size + 1
+    for start in range(0, last, block_size):
+        parent = name(parent, token_ids[start : start + block_size])
+        names.append(parent)
+    return names
+
+
+def full_block_names(token_ids, block_size):
+    return chain(token_ids, block_size)
+
+
+def names_with_the_partial_block(token_ids, block_size):
+    return chain(token_ids, block_size, partial_too=True)
+
+
+def prefix_finder(name=block_name, leave_a_token=True, stop_at_a_miss=True):
+    def cached_prefix(token_ids, cache, block_size):
+        names = chain(token_ids, block_size, name)
+        if leave_a_token:
+            names = names[: (len(token_ids) - 1) // block_size]
+        blocks = []
+        for each in names:
+            if each in cache:
+                blocks.append(cache[each])
+            elif stop_at_a_miss:
+                break
+        return blocks
+
+    return cached_prefix
+
+
+def test_the_right_names_and_prefix_pass():
+    for verdict in (grade_block_names(block_name, full_block_names), grade_cached_prefix(prefix_finder(), block_name)):
+        assert verdict.ok, verdict.line
+
+
+def test_a_name_without_its_parent_is_named():
+    verdict = grade_block_names(name_without_parent, full_block_names)
+    assert not verdict.ok and "a block's name must depend on its parent's name" in verdict.reason, verdict.line
+
+
+def test_a_name_for_the_partial_block_is_named():
+    verdict = grade_block_names(block_name, names_with_the_partial_block)
+    assert not verdict.ok and "a block gets its name once it is full" in verdict.reason, verdict.line
+
+
+def test_a_name_that_ignores_token_order_is_named():
+    verdict = grade_block_names(lambda parent, tokens: hash((parent, frozenset(tokens))), full_block_names)
+    assert not verdict.ok and "a name depends on the tokens in their order" in verdict.reason, verdict.line
+
+
+def test_a_fully_cached_prompt_must_leave_a_token_to_compute():
+    verdict = grade_cached_prefix(prefix_finder(leave_a_token=False), block_name)
+    assert not verdict.ok and "at least one token must be left to compute" in verdict.reason, verdict.line
+    assert "a prompt of exactly 3 blocks, all cached" in verdict.reason
+
+
+def test_the_run_stops_at_a_miss_in_the_middle():
+    verdict = grade_cached_prefix(prefix_finder(stop_at_a_miss=False), block_name)
+    assert not verdict.ok and "is not cached, so the run stops there" in verdict.reason, verdict.line
+    assert "a miss in the middle of a chain" in verdict.reason
+
+
+def test_the_prefix_check_does_not_depend_on_the_names_being_right():
+    """A name without its parent fails the names' check only: the prefix check builds its cache with
+    the student's own names."""
+    assert grade_cached_prefix(prefix_finder(name_without_parent), name_without_parent).ok
+
+
+def test_the_library_helpers_are_refused_in_the_chain():
+    store = PagedKVStore(4, 4)
+
+    def through_the_store(parent_name, block_tokens):
+        seq = Sequence("x", list(block_tokens), SamplingParams(), 0.0)
+        return store._prefix_hash(parent_name, seq, 0)
+
+    verdict = grade_block_names(through_the_store, full_block_names)
+    assert not verdict.ok and "infer.engine.paged_kv_store.PagedKVStore._prefix_hash" in verdict.reason
+
+    def prefix_through_the_store(token_ids, cache, block_size):
+        return store._cached_prefix(Sequence("x", list(token_ids), SamplingParams(), 0.0))
+
+    verdict = grade_cached_prefix(prefix_through_the_store, block_name)
+    assert not verdict.ok and "infer.engine.paged_kv_store.PagedKVStore._cached_prefix" in verdict.reason
+    verdict = grade_cached_prefix(
+        lambda tokens, cache, size: week08.reference_cached_prefix(tokens, cache, size, block_name), block_name
+    )
+    assert not verdict.ok and "infer.course.exercises.week08.reference_cached_prefix" in verdict.reason
+
+
+def test_the_reference_prefix_is_the_library_stores():
+    """reference_cached_prefix, given the store's own names and cache, finds the blocks the store reuses."""
+    rng = random.Random(3)
+    for _ in range(20):
+        block_size = rng.choice((2, 3, 4))
+        store = PagedKVStore(64, block_size, enable_prefix_caching=True)
+        base = [rng.randrange(1, 6) for _ in range(6 * block_size)]
+        for index in range(12):
+            seq = Sequence(str(index), base[: rng.randint(1, len(base))] + [rng.randrange(1, 6)], SamplingParams(), 0.0)
+            expected = store._cached_prefix(seq)
+            assert (
+                reference_cached_prefix(
+                    seq.prompt_token_ids, store.cached, block_size, lambda p, t: hash((p, tuple(t)))
+                )
+                == expected
+            )
+            store.allocate(seq, seq.num_tokens)
+            if rng.random() < 0.5:
+                store.free(seq)
