@@ -8,6 +8,7 @@ from collections import deque
 
 import pytest
 
+from infer.course.checks import GRADING_SALT_ENV
 from infer.course.exercises import week08
 from infer.course.exercises.week08 import (
     grade_allocator,
@@ -20,6 +21,8 @@ from infer.course.exercises.week08 import (
 from infer.engine import paged_kv_store
 from infer.engine.paged_kv_store import PagedKVStore
 from infer.engine.sequence import SamplingParams, Sequence
+
+STORE = "infer.engine.paged_kv_store.PagedKVStore"
 
 # ---------------------------------------------------------------- the allocator
 
@@ -149,6 +152,22 @@ def test_the_right_allocator_passes():
     assert verdict.line == grade_allocator(Allocator).line, "the same line on every run"
 
 
+def test_grading_runs_unseen_cases_and_prints_the_same_line(monkeypatch):
+    home = [
+        grade_allocator(Allocator).line,
+        grade_block_names(block_name, full_block_names).line,
+        grade_cached_prefix(prefix_finder(), block_name).line,
+    ]
+    monkeypatch.setenv(GRADING_SALT_ENV, "lab 08")
+    assert len(week08.allocator_traces(8)) == len(week08.scripted_traces()) + 16, "unseen traces at grading"
+    graded = [
+        grade_allocator(Allocator).line,
+        grade_block_names(block_name, full_block_names).line,
+        grade_cached_prefix(prefix_finder(), block_name).line,
+    ]
+    assert graded == home, "the grader compares the line with the solution's"
+
+
 @pytest.mark.parametrize(
     "wrong, rule",
     [
@@ -200,12 +219,12 @@ class BorrowsAPrivateHelper(Allocator):
 @pytest.mark.parametrize(
     "borrowed, named",
     [
-        (PagedKVStore, "library's own infer.engine.paged_kv_store.PagedKVStore"),
-        (type("Mine", (PagedKVStore,), {}), "library's own infer.engine.paged_kv_store.PagedKVStore"),
-        (lambda n, b: PagedKVStore(n, b), "infer.engine.paged_kv_store.PagedKVStore.__init__"),
-        (Delegating, "infer.engine.paged_kv_store.PagedKVStore.__init__"),
-        (ThroughGetattr, "infer.engine.paged_kv_store.PagedKVStore.__init__"),
-        (BorrowsAPrivateHelper, "infer.engine.paged_kv_store.PagedKVStore._blocks_for"),
+        (PagedKVStore, STORE),
+        (type("Mine", (PagedKVStore,), {}), STORE),
+        (lambda n, b: PagedKVStore(n, b), STORE),
+        (Delegating, STORE),
+        (ThroughGetattr, STORE),
+        (BorrowsAPrivateHelper, STORE),
     ],
     ids=["imported", "subclassed", "lambda", "delegating", "getattr", "private-helper"],
 )
@@ -319,13 +338,13 @@ def test_the_library_helpers_are_refused_in_the_chain():
         return store._prefix_hash(parent_name, seq, 0)
 
     verdict = grade_block_names(through_the_store, full_block_names)
-    assert not verdict.ok and "infer.engine.paged_kv_store.PagedKVStore._prefix_hash" in verdict.reason
+    assert not verdict.ok and STORE in verdict.reason
 
     def prefix_through_the_store(token_ids, cache, block_size):
         return store._cached_prefix(Sequence("x", list(token_ids), SamplingParams(), 0.0))
 
     verdict = grade_cached_prefix(prefix_through_the_store, block_name)
-    assert not verdict.ok and "infer.engine.paged_kv_store.PagedKVStore._cached_prefix" in verdict.reason
+    assert not verdict.ok and STORE in verdict.reason
     verdict = grade_cached_prefix(
         lambda tokens, cache, size: week08.reference_cached_prefix(tokens, cache, size, block_name), block_name
     )

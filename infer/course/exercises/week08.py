@@ -22,13 +22,12 @@ check's own references. Calls are watched, not names, so a subclass, a lambda, a
 or a getattr around one fails too, and the message names the function.
 """
 
-import inspect
 import random
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from infer.course.checks import LibraryCalls, Verdict, case_rng, library_origin, library_verdict
+from infer.course.checks import LibraryCalls, Verdict, case_rngs, library_origin, library_verdict
 from infer.engine.paged_kv_store import PagedKVStore
 from infer.engine.sequence import SamplingParams, Sequence
 
@@ -212,8 +211,10 @@ def random_trace(rng: random.Random, number: int) -> Trace:
 
 
 def allocator_traces(random_traces: int) -> list[Trace]:
-    rng = case_rng(ALLOCATOR_QID)
-    return scripted_traces() + [random_trace(rng, number + 1) for number in range(random_traces)]
+    """The scripted traces, then `random_traces` random ones from each of the check's generators
+    (at grading, one more whose traces nobody saw)."""
+    rngs = [rng for rng in case_rngs(ALLOCATOR_QID) for _ in range(random_traces)]
+    return scripted_traces() + [random_trace(rng, number) for number, rng in enumerate(rngs, 1)]
 
 
 @dataclass(frozen=True)
@@ -448,9 +449,9 @@ def _free_list_problem(op: Op, before: AllocatorState, after: AllocatorState, ex
     return shown
 
 
-def _replay(allocator_class, trace: Trace) -> int:
-    """Run `trace` through the student's allocator and the library's store; the operations run,
-    or _Stop at the first difference."""
+def _replay(allocator_class, trace: Trace) -> None:
+    """Run `trace` through the student's allocator and the library's store; _Stop at the first
+    difference."""
     where = f"on {trace.description}"
     allocator = _run_student(
         allocator_class,
@@ -483,7 +484,6 @@ def _replay(allocator_class, trace: Trace) -> int:
         )
         if problem:
             raise _Stop(f"{text}: {problem}")
-    return len(trace.ops)
 
 
 def grade_allocator(allocator_class, random_traces: int = 8) -> Verdict:
@@ -493,14 +493,15 @@ def grade_allocator(allocator_class, random_traces: int = 8) -> Verdict:
         return refused
     traces = allocator_traces(random_traces)
     try:
-        operations = sum(_replay(allocator_class, trace) for trace in traces)
+        for trace in traces:
+            _replay(allocator_class, trace)
     except _Stop as stop:
         return Verdict(qid, False, str(stop))
     return Verdict(
         qid,
         True,
-        f"{len(traces)} traces, {operations} operations: the library's answers, block tables and free list "
-        f"order; every block free or held, counted right, none leaked",
+        "scripted and random traces of allocations, appends and frees: the library's answers, block tables and "
+        "free list order; every block free or held, counted right, none leaked",
     )
 
 
@@ -541,7 +542,7 @@ PARENT_RULE = (
 )
 
 
-def _names_problem(block_name: Callable, rng: random.Random) -> str | None:
+def _names_problem(block_name: Callable) -> str | None:
     first = _named(block_name, None, FIRST, "None")
     if _named(block_name, None, FIRST, "None") != first:
         return f"block_name(None, {FIRST}) gave two different names: a block must get the same name every time"
@@ -555,6 +556,11 @@ def _names_problem(block_name: Callable, rng: random.Random) -> str | None:
         return f"{CHANGED_LAST} gets the same name after {FIRST} and after {OTHER}: {PARENT_RULE}"
     if _named(block_name, None, CHANGED_LAST, "None") == after_first:
         return f"{CHANGED_LAST} gets the same name as a first block and after {FIRST}: {PARENT_RULE}"
+    return None
+
+
+def _distinct_names_problem(block_name: Callable, rng: random.Random) -> str | None:
+    """Random blocks after random parents: different ones must get different names."""
     seen, parents = {}, [None]
     for _ in range(60):
         parent = rng.choice(parents)
@@ -568,20 +574,18 @@ def _names_problem(block_name: Callable, rng: random.Random) -> str | None:
     return None
 
 
-def _chain_cases(rng: random.Random) -> list[tuple[str, list[int], int]]:
-    """(description, tokens, block size): the edges first, then random sequences."""
+def _chain_cases(rngs: list[random.Random]) -> list[tuple[str, list[int], int]]:
+    """(description, tokens, block size): the edges first, then 8 random sequences per generator."""
     cases = [
         ("12 tokens in blocks of 4 (an exact multiple)", list(range(11, 23)), 4),
         ("a prompt of 3 tokens, shorter than a block of 4", [11, 12, 13], 4),
         ("10 tokens in blocks of 4", list(range(11, 21)), 4),
         ("the same 12 tokens in blocks of 1", list(range(11, 23)), 1),
     ]
-    for number in range(8):
+    for number, rng in enumerate([rng for rng in rngs for _ in range(8)], 1):
         block_size = rng.choice((2, 3, 4, 16))
         tokens = [rng.randrange(1, 50) for _ in range(rng.randint(1, 5 * block_size))]
-        cases.append(
-            (f"random sequence {number + 1} ({len(tokens)} tokens in blocks of {block_size})", tokens, block_size)
-        )
+        cases.append((f"random sequence {number} ({len(tokens)} tokens in blocks of {block_size})", tokens, block_size))
     return cases
 
 
@@ -616,12 +620,14 @@ def grade_block_names(block_name, full_block_names) -> Verdict:
     )
     if refused:
         return refused
-    rng = case_rng(qid)
+    rngs = case_rngs(qid)
     try:
-        problem = _names_problem(block_name, rng)
+        problem = _names_problem(block_name) or next(
+            filter(None, (_distinct_names_problem(block_name, rng) for rng in rngs)), None
+        )
         if problem:
             return Verdict(qid, False, problem)
-        cases = _chain_cases(rng)
+        cases = _chain_cases(rngs)
         for description, tokens, block_size in cases:
             got = _run_student(
                 full_block_names, f"on {description}, full_block_names", list(tokens), block_size, forbidden=FORBIDDEN
@@ -637,8 +643,8 @@ def grade_block_names(block_name, full_block_names) -> Verdict:
     return Verdict(
         qid,
         True,
-        f"names depend on every token, in order, and on the parent's name; the full blocks of {len(cases)} "
-        f"sequences named, among them an exact multiple of the block size and a prompt shorter than a block",
+        "names depend on every token, in order, and on the parent's name; full blocks only are named, on "
+        "sequences that fill their blocks exactly, end in a partial block, or are shorter than one",
     )
 
 
@@ -687,8 +693,9 @@ def build_cache(case: PrefixCase, block_name: Callable) -> dict:
 P1, P2, P3, P4 = (5, 9, 2, 7), (8, 1, 6, 3), (4, 4, 0, 2), (7, 7, 1, 5)
 
 
-def prefix_cases(rng: random.Random, random_cases: int) -> list[PrefixCase]:
-    """Scripted cases (blocks of 4; the comments give the answer), then random ones."""
+def prefix_cases(rngs: list[random.Random], random_cases: int) -> list[PrefixCase]:
+    """Scripted cases (blocks of 4; the comments give the answer), then `random_cases` random ones
+    per generator."""
     cases = [
         PrefixCase("a prompt of exactly 3 blocks, all cached", P1 + P2 + P3, 4, (P1 + P2 + P3,)),  # [100, 101]
         PrefixCase("a prompt one token past 3 cached blocks", P1 + P2 + P3 + (9,), 4, (P1 + P2 + P3,)),  # 100-102
@@ -709,11 +716,11 @@ def prefix_cases(rng: random.Random, random_cases: int) -> list[PrefixCase]:
         ),  # [100, 103]
         PrefixCase("an empty cache", P1 + P2 + (1,), 4, ()),  # []
     ]
-    for number in range(random_cases):
+    for number, rng in enumerate([rng for rng in rngs for _ in range(random_cases)], 1):
         block_size = rng.choice((2, 3, 4))
         bases = [tuple(rng.randrange(1, 9) for _ in range(5 * block_size)) for _ in range(2)]
 
-        def drawn(bases=bases, block_size=block_size) -> tuple[int, ...]:
+        def drawn(rng=rng, bases=bases, block_size=block_size) -> tuple[int, ...]:
             base = rng.choice(bases)
             return base[: rng.randint(0, len(base))] + tuple(
                 rng.randrange(1, 9) for _ in range(rng.randint(1, block_size))
@@ -722,7 +729,7 @@ def prefix_cases(rng: random.Random, random_cases: int) -> list[PrefixCase]:
         earlier = tuple(drawn() for _ in range(rng.randint(1, 4)))
         evicted = tuple(rng.sample(range(FIRST_BLOCK_ID, FIRST_BLOCK_ID + 12), rng.randint(0, 2)))
         cases.append(
-            PrefixCase(f"random prompt {number + 1} (blocks of {block_size})", drawn(), block_size, earlier, evicted)
+            PrefixCase(f"random prompt {number} (blocks of {block_size})", drawn(), block_size, earlier, evicted)
         )
     return cases
 
@@ -764,7 +771,7 @@ def grade_cached_prefix(cached_prefix, block_name, random_cases: int = 16) -> Ve
         _named(block_name, None, FIRST, "None")
     except _Stop as stop:
         return Verdict(qid, False, f"this check names blocks with your block_name from Part C: {stop}")
-    cases = prefix_cases(case_rng(qid), random_cases)
+    cases = prefix_cases(case_rngs(qid), random_cases)
     try:
         for case in cases:
             where = f"on {case.description}"
@@ -788,8 +795,8 @@ def grade_cached_prefix(cached_prefix, block_name, random_cases: int = 16) -> Ve
     return Verdict(
         qid,
         True,
-        f"the longest cached run of {len(cases)} prompts, among them an exact multiple of the block size, a prompt "
-        f"shorter than a block and a miss in the middle of a chain, with a token left to compute",
+        "the longest cached run of scripted and random prompts, among them an exact multiple of the block size, "
+        "a prompt shorter than a block and a miss in the middle of a chain, with a token left to compute",
     )
 
 
@@ -797,23 +804,10 @@ def check_cached_prefix(cached_prefix, block_name) -> None:
     print(grade_cached_prefix(cached_prefix, block_name).line)
 
 
-def _functions_of(cls: type) -> list[Callable]:
-    """Every function a class defines: methods, private helpers, properties, class methods."""
-    found = []
-    for value in vars(cls).values():
-        if isinstance(value, property):
-            found.append(value.fget)
-        elif isinstance(value, (classmethod, staticmethod)):
-            found.append(value.__func__)
-        elif inspect.isfunction(value):
-            found.append(value)
-    return found
-
-
 # What the student's code may not call: the library's store, every function of it, and the
 # check's own references.
 FORBIDDEN = (
-    *_functions_of(PagedKVStore),
+    PagedKVStore,  # every method it defines is watched: a subclass, a proxy or a factory is seen
     library_step,
     reference_full_block_names,
     reference_cached_prefix,
