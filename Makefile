@@ -21,7 +21,8 @@ $(INSTALLED): pyproject.toml
 # notebooks stay as they are), then build the students' HTML site from those copies and the labs.
 # A notebook that fails is named in one line and its committed copy stands in: the site is still
 # built, and make then exits with the runner's failure.
-RUN_COPIES := INFER_FIGURES_DIR=$(BUILD)/figures INFER_RESULTS_DIR=$(BUILD)/results $(PY) -m infer.course.notebooks run --out $(BUILD)/notebooks
+# Absolute: the notebooks run with their own folder as the working directory.
+RUN_COPIES := INFER_FIGURES_DIR=$(abspath $(BUILD))/figures INFER_RESULTS_DIR=$(abspath $(BUILD))/results $(PY) -m infer.course.notebooks run --out $(BUILD)/notebooks
 site: $(INSTALLED)
 	rm -rf $(BUILD)/notebooks
 	$(RUN_COPIES) weeks/*.ipynb; ran=$$?; \
@@ -94,7 +95,7 @@ WEIGHTS ?= random
 gpu-check: $(INSTALLED)
 	$(PY) -m infer.course.gpu_check --out $(GPU_CHECK_OUT) --weights $(WEIGHTS) $(if $(DRY),--dry-run)
 
-# Week 05's benchmark: the engine against transformers' batchers, one run, side by side (minutes).
+# Week 05's benchmark: each effect of batching measured apart, in interleaved rounds (about 7 minutes).
 bench: $(INSTALLED)
 	$(PY) -m infer.experiments.engine_bench
 
