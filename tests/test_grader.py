@@ -347,10 +347,11 @@ def test_gradebook_files(graded_02):
     assert q3["line"].startswith("❌ 02.q3") and q3["reason"] == q3["line"]
 
 
-def test_another_lab_gets_full_marks(tmp_path):
-    _, solution = find_lab("01")
+@pytest.mark.parametrize("lab", ["01", "08"])  # a lab with a model, and one over plain numbers
+def test_another_lab_gets_full_marks(tmp_path, lab):
+    _, solution = find_lab(lab)
     nbformat.write(solved(solution), tmp_path / "finished.ipynb")
-    (finished,) = grade_folder("01", tmp_path, limits=CORPUS_LIMITS, progress=False)
+    (finished,) = grade_folder(lab, tmp_path, limits=CORPUS_LIMITS, progress=False)
     assert finished.status == GRADED
     assert finished.score == finished.max_score, [c.reason for c in finished.checks if c.reason]
 

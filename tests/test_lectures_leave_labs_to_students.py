@@ -17,6 +17,15 @@ LAB_EXERCISES = {
     "05": ("admit_continuous", "flatten"),
     "06": ("chunked_token_counts", "best_budget"),
     "07": ("stream_timing",),
+    "08": (
+        "PagedKVStore",
+        "BlockAllocator",
+        "block_name",
+        "full_block_names",
+        "cached_prefix",
+        "_cached_prefix",
+        "_prefix_hash",
+    ),
 }
 EXERCISES = [name for names in LAB_EXERCISES.values() for name in names]
 

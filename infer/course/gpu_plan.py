@@ -369,6 +369,10 @@ def _solution07(profile: Profile, t: StepTimes) -> Estimate:
     return Estimate("fixed in the notebook", tuple(parts))
 
 
+def _solution08(profile: Profile, t: StepTimes) -> Estimate:
+    return Estimate("-", (Part("the allocator and prefix-chain checks: plain Python, no model", 2.0),))
+
+
 ESTIMATES: dict[str, Callable[[Profile, StepTimes], Estimate]] = {
     "weeks/00_setup.ipynb": _week00,
     "weeks/01_prefill_decode.ipynb": _week01,
@@ -386,6 +390,7 @@ ESTIMATES: dict[str, Callable[[Profile, StepTimes], Estimate]] = {
     "solutions/05_continuous_batching.ipynb": _solution05,
     "solutions/06_chunked_prefill.ipynb": _solution06,
     "solutions/07_serving.ipynb": _solution07,
+    "solutions/08_paged_kv.ipynb": _solution08,
 }
 
 
