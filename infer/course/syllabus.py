@@ -72,6 +72,6 @@ WEEKS = (
         "paged_kv",
         "Paged KV cache",
         "block tables, preemption, prefix caching",
-        "a block manager and preemption in the engine",
+        "write the block allocator (reference counts, a least-recently-freed free list) and the prefix hash chain",
     ),
 )
