@@ -112,6 +112,24 @@ class LeavesCachedBlocksOnTheFreeList(Allocator):
         self.ref_counts[block] += 1
 
 
+class TakesNewBlocksBeforeCachedOnes(Allocator):
+    def allocate(self, seq_id, num_tokens, cached_blocks=()):
+        if self.blocks_for(num_tokens) - len(cached_blocks) > self.room(cached_blocks):
+            return False
+        self.block_tables[seq_id], self.num_tokens[seq_id] = [], 0
+        new = self.blocks_for(num_tokens) - len(cached_blocks)
+        new_blocks = [self.next_free_block() for _ in range(new)]  # may be a cached block at the head
+        for block in cached_blocks:
+            if block in self.free_blocks:
+                self.free_blocks.remove(block)
+            self.ref_counts[block] += 1
+        for block in new_blocks:
+            self.ref_counts[block] += 1
+        self.block_tables[seq_id] = list(cached_blocks) + new_blocks
+        self.num_tokens[seq_id] = num_tokens
+        return True
+
+
 class CountsCachedBlocksAsRoom(Allocator):
     def room(self, cached_blocks):
         return len(self.free_blocks)
@@ -176,6 +194,7 @@ def test_grading_runs_unseen_cases_and_prints_the_same_line(monkeypatch):
         (FreesToTheHead, "freed blocks go to the tail, to be handed out last"),
         (FreesInTableOrder, "a sequence gives its blocks back last block first"),
         (LeavesCachedBlocksOnTheFreeList, "leaves it when a sequence takes it"),
+        (TakesNewBlocksBeforeCachedOnes, "a cached block leaves the free list as the sequence takes it"),
         (CountsCachedBlocksAsRoom, "are the cached ones this sequence takes, not extra room"),
         (TakesWhatItCanWhenShort, "an operation that does not fit changes nothing"),
         (OneBlockTooManyOnExactMultiples, "expected ceil(8 / 4) = 2"),

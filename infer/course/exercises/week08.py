@@ -185,6 +185,19 @@ def scripted_traces() -> list[Trace]:
                 Op("free", "b"),
             ),
         ),
+        Trace(
+            "a pool of 3 blocks of 2 whose free list starts with a cached block",
+            3,
+            2,
+            (
+                Op("allocate", "a", prefix),  # [0, 1], both full and named
+                Op("allocate", "y", _tokens(100, 2)),  # [2]
+                Op("free", "a"),  # free list [1, 0]
+                Op("free", "y"),  # free list [1, 0, 2]
+                Op("allocate", "b", prefix + _tokens(200, 1)),  # cached [0, 1] leave the free list first; new [2]
+                Op("free", "b"),
+            ),
+        ),
     ]
 
 
@@ -368,6 +381,11 @@ def invariant_problem(state: AllocatorState, op: Op, cached: tuple[int, ...]) ->
         return f"block {unknown[0]!r} does not exist (the blocks are 0 to {num_blocks - 1})"
     for seq_id, table in state.tables.items():
         twice = _first_repeat(table)
+        if twice is not None and twice in cached:
+            return (
+                f"{seq_id!r} holds block {twice} twice: a cached block leaves the free list as the sequence takes "
+                f"it, before new blocks are taken from the head"
+            )
         if twice is not None:
             return f"{seq_id!r} holds block {twice} twice"
     twice = _first_repeat(state.free)
