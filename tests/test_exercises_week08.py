@@ -135,6 +135,18 @@ class CountsCachedBlocksAsRoom(Allocator):
         return len(self.free_blocks)
 
 
+class NeverGivesBlocksBack(Allocator):
+    def release(self, block):
+        self.ref_counts[block] -= 1
+
+
+class SetsCountsToOne(Allocator):
+    def take(self, block):
+        if self.ref_counts[block] == 0:
+            self.free_blocks.remove(block)
+        self.ref_counts[block] = 1  # whoever else holds it
+
+
 class TakesWhatItCanWhenShort(Allocator):
     def append(self, seq_id, num_tokens):
         table, total = self.block_tables[seq_id], self.num_tokens[seq_id] + num_tokens
@@ -196,6 +208,8 @@ def test_grading_runs_unseen_cases_and_prints_the_same_line(monkeypatch):
         (LeavesCachedBlocksOnTheFreeList, "leaves it when a sequence takes it"),
         (TakesNewBlocksBeforeCachedOnes, "a cached block leaves the free list as the sequence takes it"),
         (CountsCachedBlocksAsRoom, "are the cached ones this sequence takes, not extra room"),
+        (NeverGivesBlocksBack, "is neither free nor in any table: it leaked"),
+        (SetsCountsToOne, "its count is the number of tables holding it"),
         (TakesWhatItCanWhenShort, "an operation that does not fit changes nothing"),
         (OneBlockTooManyOnExactMultiples, "expected ceil(8 / 4) = 2"),
         (AppendIgnoresRoomInTheLastBlock, "an append takes a new block only when the last one is full"),

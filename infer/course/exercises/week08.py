@@ -5,11 +5,11 @@ list, and the prefix hash chain that finds a new sequence's cached blocks.
   (infer.engine.paged_kv_store.PagedKVStore, prefix caching on) run the same traces of
   allocations, appends and frees side by side: scripted traces, each built so that rules of the
   lab decide its operations (an exact multiple of the block size, a pool that runs out, a shared
-  block freed by one of its holders, cached blocks taken back from the free list, exact fits),
-  then random ones. After every operation the student's own state must hold the invariants (every
-  block free or held, reference counts equal to the tables holding a block, nothing leaked) and
-  equal the library's: the answer, the block tables, and the free list in its order. The first
-  difference is reported with the rule behind it.
+  block freed by one of its holders, cached blocks taken back from the free list, one of them at
+  its head, exact fits), then random ones. After every operation the student's own state must
+  hold the invariants (every block free or held, reference counts equal to the tables holding a
+  block, nothing leaked) and equal the library's: the answer, the block tables, and the free list
+  in its order. The first difference is reported with the rule behind it.
 - `check_block_names(block_name, full_block_names)`: a name depends on its block's tokens, in
   order, and on its parent's name; a sequence's chain names its full blocks only.
 - `check_cached_prefix(cached_prefix, block_name)`: the longest run of a prompt's first full
@@ -58,16 +58,14 @@ def _run_student(fn: Callable, description: str, *args, forbidden: tuple = (), o
     try:
         with calls:
             result = fn(*args)
-    except NotImplementedError as exc:
+    except Exception as exc:  # noqa: BLE001 - the student's bug (or stub), reported as one line
         if calls.seen:
-            raise _Stop(_refusal(calls.seen)) from None
-        raise _Stop(f"not implemented yet ({exc})" if str(exc) else "not implemented yet") from None
-    except Exception as exc:  # noqa: BLE001 - the student's bug, reported as one line
-        if calls.seen:
-            raise _Stop(_refusal(calls.seen)) from None
+            raise _Stop(_library_call_reason(calls.seen)) from None
+        if isinstance(exc, NotImplementedError):
+            raise _Stop(f"not implemented yet ({exc})" if str(exc) else "not implemented yet") from None
         raise _Stop(f"{description} raised {type(exc).__name__}: {exc}{on_error}") from None
     if calls.seen:
-        raise _Stop(_refusal(calls.seen))
+        raise _Stop(_library_call_reason(calls.seen))
     return result
 
 
@@ -75,15 +73,15 @@ def _what(value) -> str:
     return "None (a missing return?)" if value is None else f"a {type(value).__name__}"
 
 
-def _refusal(function: Callable) -> str:
+def _library_call_reason(function: Callable) -> str:
     return (
         f"your code calls the course library's own {library_origin(function)}: the lab asks you to write "
         f"the allocator and the hash chain yourself, without the library's store"
     )
 
 
-def _refused(qid: str, fn, signature: str) -> Verdict | None:
-    """A failing verdict for something that is not a function, or is the library's own."""
+def _handed_in_verdict(qid: str, fn, signature: str) -> Verdict | None:
+    """A failing verdict for what is not a function, or is the library's own; None for the student's."""
     if not callable(fn):
         return Verdict(qid, False, f"expected {signature}, got a {type(fn).__name__}")
     return library_verdict(qid, fn)
@@ -253,12 +251,12 @@ def library_step(store: PagedKVStore, live: dict[str, Sequence], op: Op) -> Libr
         cached = tuple(store._cached_prefix(seq))
         idle = sum(1 for block in cached if store.blocks[block].ref_count == 0)
         step = LibraryStep(
-            store.can_allocate(seq, seq.num_tokens),
-            cached,
-            _blocks_for(seq.num_tokens, store.block_size) - len(cached),
-            len(store.free_blocks) - idle,
-            idle,
-            seq.num_tokens,
+            fits=store.can_allocate(seq, seq.num_tokens),
+            cached=cached,
+            needed=_blocks_for(seq.num_tokens, store.block_size) - len(cached),
+            room=len(store.free_blocks) - idle,
+            cached_on_free_list=idle,
+            num_tokens=seq.num_tokens,
         )
         if step.fits:
             store.allocate(seq, seq.num_tokens)
@@ -268,7 +266,7 @@ def library_step(store: PagedKVStore, live: dict[str, Sequence], op: Op) -> Libr
     seq = live[op.seq_id]
     total = seq.num_tokens + len(op.tokens)
     step = LibraryStep(
-        store.can_append(seq, len(op.tokens)),
+        fits=store.can_append(seq, len(op.tokens)),
         needed=_blocks_for(total, store.block_size) - len(seq.block_table),
         room=len(store.free_blocks),
         num_tokens=total,
@@ -372,7 +370,7 @@ def _first_repeat(values: list[int]) -> int | None:
     return next((value for value, count in Counter(values).items() if count > 1), None)
 
 
-def invariant_problem(state: AllocatorState, op: Op, cached: tuple[int, ...]) -> str | None:
+def _invariant_problem(state: AllocatorState, op: Op, cached: tuple[int, ...]) -> str | None:
     """What breaks the invariants in `state`: every block is free or held (not both, not neither),
     and a block's reference count is the number of tables holding it."""
     num_blocks = len(state.ref_counts)
@@ -420,7 +418,9 @@ def invariant_problem(state: AllocatorState, op: Op, cached: tuple[int, ...]) ->
     return None
 
 
-def _table_problem(op: Op, step: LibraryStep, before: AllocatorState, after: AllocatorState, expected, block_size):
+def _table_problem(
+    op: Op, step: LibraryStep, before: AllocatorState, after: AllocatorState, expected: AllocatorState, block_size: int
+) -> str | None:
     if op.kind != "free" and step.fits:
         got, wanted = after.tables.get(op.seq_id, []), expected.tables[op.seq_id]
         if got != wanted:
@@ -451,7 +451,7 @@ def _table_problem(op: Op, step: LibraryStep, before: AllocatorState, after: All
     return None
 
 
-def _free_list_problem(op: Op, before: AllocatorState, after: AllocatorState, expected: AllocatorState):
+def _free_list_problem(op: Op, before: AllocatorState, after: AllocatorState, expected: AllocatorState) -> str | None:
     if after.free == expected.free:
         return None
     shown = f"the free list is {after.free} (head first), expected {expected.free}"
@@ -490,13 +490,13 @@ def _replay(allocator_class, trace: Trace) -> None:
         before = _student_state(allocator, trace.num_blocks)
         step = library_step(store, live, op)
         text = f"{where}, operation {number}, {_op_text(op, step.cached)}"
-        refusal = f": {_room_text(step)}, so it returns False and changes nothing" if step.fits is False else ""
-        got = _run_student(_student_step, text, allocator, op, step.cached, forbidden=FORBIDDEN, on_error=refusal)
+        if_it_raises = f": {_room_text(step)}, so it returns False and changes nothing" if step.fits is False else ""
+        got = _run_student(_student_step, text, allocator, op, step.cached, forbidden=FORBIDDEN, on_error=if_it_raises)
         after, expected = _student_state(allocator, trace.num_blocks), _library_state(store, live)
         problem = (
             _answer_problem(op, step, got)
             or (_changed_on_refusal(before, after, step) if step.fits is False else None)
-            or invariant_problem(after, op, step.cached)
+            or _invariant_problem(after, op, step.cached)
             or _table_problem(op, step, before, after, expected, trace.block_size)
             or _free_list_problem(op, before, after, expected)
         )
@@ -506,7 +506,7 @@ def _replay(allocator_class, trace: Trace) -> None:
 
 def grade_allocator(allocator_class, random_traces: int = 8) -> Verdict:
     qid = ALLOCATOR_QID
-    refused = _refused(qid, allocator_class, "a class BlockAllocator(num_blocks, block_size)")
+    refused = _handed_in_verdict(qid, allocator_class, "a class BlockAllocator(num_blocks, block_size)")
     if refused:
         return refused
     traces = allocator_traces(random_traces)
@@ -633,9 +633,9 @@ def _chain_problem(got, expected: list, tokens: list[int], block_size: int) -> s
 
 def grade_block_names(block_name, full_block_names) -> Verdict:
     qid = NAMES_QID
-    refused = _refused(qid, block_name, "a function block_name(parent_name, block_tokens)") or _refused(
-        qid, full_block_names, "a function full_block_names(token_ids, block_size)"
-    )
+    refused = _handed_in_verdict(
+        qid, block_name, "a function block_name(parent_name, block_tokens)"
+    ) or _handed_in_verdict(qid, full_block_names, "a function full_block_names(token_ids, block_size)")
     if refused:
         return refused
     rngs = case_rngs(qid)
@@ -780,9 +780,9 @@ def _prefix_problem(got, expected: list[int], case: PrefixCase, cache: dict) -> 
 
 def grade_cached_prefix(cached_prefix, block_name, random_cases: int = 16) -> Verdict:
     qid = PREFIX_QID
-    refused = _refused(qid, cached_prefix, "a function cached_prefix(token_ids, cache, block_size)") or _refused(
-        qid, block_name, "your function block_name(parent_name, block_tokens) from Part C"
-    )
+    refused = _handed_in_verdict(
+        qid, cached_prefix, "a function cached_prefix(token_ids, cache, block_size)"
+    ) or _handed_in_verdict(qid, block_name, "your function block_name(parent_name, block_tokens) from Part C")
     if refused:
         return refused
     try:
