@@ -147,6 +147,21 @@ class SetsCountsToOne(Allocator):
         self.ref_counts[block] = 1  # whoever else holds it
 
 
+class StartsWithTheFreeListReversed(Allocator):
+    def __init__(self, num_blocks, block_size):
+        super().__init__(num_blocks, block_size)
+        self.free_blocks.reverse()
+
+
+class PutsCachedBlocksLast(Allocator):
+    def allocate(self, seq_id, num_tokens, cached_blocks=()):
+        fits = super().allocate(seq_id, num_tokens, cached_blocks)
+        if fits and cached_blocks:
+            table = self.block_tables[seq_id]
+            table[:] = table[len(cached_blocks) :] + table[: len(cached_blocks)]
+        return fits
+
+
 class TakesWhatItCanWhenShort(Allocator):
     def append(self, seq_id, num_tokens):
         table, total = self.block_tables[seq_id], self.num_tokens[seq_id] + num_tokens
@@ -210,6 +225,8 @@ def test_grading_runs_unseen_cases_and_prints_the_same_line(monkeypatch):
         (CountsCachedBlocksAsRoom, "are the cached ones this sequence takes, not extra room"),
         (NeverGivesBlocksBack, "is neither free nor in any table: it leaked"),
         (SetsCountsToOne, "its count is the number of tables holding it"),
+        (StartsWithTheFreeListReversed, "every block starts free, with count 0, in the order 0 to 7"),
+        (PutsCachedBlocksLast, "it starts with the cached blocks, in their order"),
         (TakesWhatItCanWhenShort, "an operation that does not fit changes nothing"),
         (OneBlockTooManyOnExactMultiples, "expected ceil(8 / 4) = 2"),
         (AppendIgnoresRoomInTheLastBlock, "an append takes a new block only when the last one is full"),
@@ -338,6 +355,35 @@ def test_a_name_without_its_parent_is_named():
 def test_a_name_for_the_partial_block_is_named():
     verdict = grade_block_names(block_name, names_with_the_partial_block)
     assert not verdict.ok and "a block gets its name once it is full" in verdict.reason, verdict.line
+
+
+@pytest.mark.parametrize(
+    "wrong_name, rule",
+    [
+        (lambda parent, tokens: random.random(), "a block must get the same name every time"),
+        (lambda parent, tokens: hash((parent, tuple(tokens[:-1]))), "a name depends on every token of its block"),
+    ],
+    ids=["random", "last-token-left-out"],
+)
+def test_names_that_break_a_rule_are_named(wrong_name, rule):
+    verdict = grade_block_names(wrong_name, full_block_names)
+    assert not verdict.ok and rule in verdict.reason, verdict.line
+
+
+def test_a_chain_that_leaves_out_the_last_full_block_is_named():
+    def one_short(token_ids, block_size):
+        return full_block_names(token_ids[:-1], block_size)  # as if a token were always left to compute
+
+    verdict = grade_block_names(block_name, one_short)
+    assert not verdict.ok and "12 tokens fill 3 blocks" in verdict.reason, verdict.line
+
+
+def test_positions_instead_of_block_ids_are_named():
+    def positions(token_ids, cache, block_size):
+        return list(range(len(prefix_finder()(token_ids, cache, block_size))))
+
+    verdict = grade_cached_prefix(positions, block_name)
+    assert not verdict.ok and "return the cached blocks' ids, the values of the cache" in verdict.reason
 
 
 def test_a_name_that_ignores_token_order_is_named():
