@@ -97,6 +97,14 @@ def case_rngs(qid: str) -> list[random.Random]:
     return [case_rng(qid)] + ([random.Random(f"{qid}|grading|{salt}")] if salt else [])
 
 
+def own_model():
+    """The profile's model, loaded by the check itself (quietly): a check never runs on the
+    notebook's `lm.model`, which the notebook could have swapped for one that makes any loop look right."""
+    from infer.models import load_model
+
+    return load_model(quiet=True).model
+
+
 def torch_generator(rng: random.Random) -> torch.Generator:
     """A torch generator seeded from `rng`, for the tensors of a seeded case."""
     return torch.Generator().manual_seed(rng.getrandbits(63))
