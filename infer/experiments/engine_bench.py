@@ -37,7 +37,6 @@ import statistics
 import time
 from dataclasses import dataclass
 
-import matplotlib.pyplot as plt
 import numpy as np
 import torch
 from tqdm.auto import tqdm
@@ -50,13 +49,13 @@ from infer.engine.simulator import simulate
 from infer.engine.step_costs import RooflineStepCost
 from infer.engine.step_record import StepRecord, StepShape
 from infer.experiments.chunked_prefill_run import GPU_ROOFLINE
+from infer.experiments.engine_bench_plots import plot
 from infer.experiments.hf_batching import continuous_batched_generate, static_batched_generate
 from infer.experiments.rounds import MIN_ROUNDS, format_spread, interleaved_rounds, ratio_spread, spread
 from infer.metrics import calculate_metrics, results_dir
 from infer.model import Transformer
 from infer.models import MODEL_SPECS, load_model
 from infer.paged_attention import PagedKV
-from infer.plotting import COLUMN_WIDTH_IN, save_figure
 from infer.profiles import PROFILES, pick_profile
 from infer.prompts import random_prompt_ids
 from infer.provenance import provenance
@@ -529,141 +528,6 @@ def reading(document: dict) -> list[str]:
     return sentences
 
 
-# ---------------------------------------------------------------- the figure
-
-SYSTEM_COLORS = {ENGINE_CONTINUOUS: "C0", ENGINE_STATIC: "C1", HF_STATIC: "0.45", HF_GENERATE_BATCH: "0.75"}
-
-
-def plot(runs: dict, summary: dict, why: dict, gpu: dict, meta: dict):
-    fig, axes = plt.subplots(4, 1, figsize=(COLUMN_WIDTH_IN, 18))  # stacked: the site shows one column
-    plot_throughput(axes[0], runs)
-    plot_effects(axes[1], summary)
-    plot_step_cost_by_batch(axes[2], why["decode_step_ms_by_batch"], gpu)
-    plot_continuous_gain(axes[3], runs, why, gpu)
-    return save_figure(fig, "05_engine_bench", meta)
-
-
-def error_bar(summary: dict) -> list[list[float]]:
-    return [[summary["median"] - summary["min"]], [summary["max"] - summary["median"]]]
-
-
-def plot_throughput(ax, runs: dict) -> None:
-    width, labelled = 0.8 / len(SYSTEMS), set()
-    for j, by_system in enumerate(runs.values()):
-        for i, system in enumerate(SYSTEMS):
-            if system not in by_system:
-                continue
-            s = spread([r["output_throughput"] for r in by_system[system]])
-            ax.bar(
-                j + (i - (len(SYSTEMS) - 1) / 2) * width,
-                s["median"],
-                width,
-                yerr=error_bar(s),
-                capsize=2,
-                color=SYSTEM_COLORS[system],
-                label=None if system in labelled else system,
-            )
-            labelled.add(system)
-    ax.set_xticks(range(len(runs)), [f"{name}\n{len(WORKLOADS[name].systems)} systems" for name in runs])
-    ax.set_ylabel("output tokens/s (median; bars: range over rounds)")
-    ax.set_title("every system, each workload in interleaved rounds")
-    ax.legend()
-
-
-def plot_effects(ax, summary: dict) -> None:
-    keys = list(summary)
-    medians = [summary[k]["median"] for k in keys]
-    ax.barh(
-        keys,
-        medians,
-        xerr=np.hstack([error_bar(summary[k]) for k in keys]),
-        capsize=2,
-        color=["C3" if k.startswith("engine_step") else "C0" for k in keys],
-    )
-    for y, key in enumerate(keys):
-        ax.text(summary[key]["max"] * 1.02, y, f"{summary[key]['median']:.2f}x", va="center")
-        if "target" in summary[key]:
-            value = float(summary[key]["target"].split()[1])
-            ax.plot([value], [y], marker="|", markersize=14, color="k")
-    ax.axvline(1.0, color="0.5", linewidth=0.8)
-    ax.invert_yaxis()
-    ax.tick_params(axis="y", labelsize=7)
-    ax.set_xscale("log")
-    ax.set_xlabel(
-        "ratio, median of the rounds (bars: their range; |: the target)\n"
-        "blue: output tokens/s, higher is better; red: ms per step, lower is better"
-    )
-    ax.set_title("each effect apart: faster system / slower one, same requests")
-
-
-def plot_step_cost_by_batch(ax, measured: dict, gpu: dict) -> None:
-    batches = [int(b) for b in measured["ms"]]
-    cpu = [measured["ms"][str(b)]["median"] for b in batches]
-    sim = [gpu["decode_step_ms_by_batch"]["ms"][str(b)] for b in batches]
-    ax.plot(
-        batches,
-        [c / cpu[0] for c in cpu],
-        "o-",
-        color="C0",
-        label=f"this machine, measured ({cpu[0]:.1f} -> {cpu[-1]:.1f} ms)",
-    )
-    ax.plot(
-        batches,
-        [s / sim[0] for s in sim],
-        "s--",
-        color="C3",
-        label=f"SIMULATED: {gpu['model']} on a GPU roofline ({sim[0]:.1f} -> {sim[-1]:.1f} ms)",
-    )
-    ax.set_xscale("log", base=2)
-    ax.set_xticks(batches, [str(b) for b in batches])
-    ax.set_xlabel(f"decode batch (sequences of {measured['context']} tokens)")
-    ax.set_ylabel("decode step time / time at batch 1")
-    ax.set_ylim(bottom=0)
-    ax.set_title("what an idle slot saves: a step's cost against its batch")
-    ax.legend()
-    ax.grid(True, alpha=0.3)
-
-
-def plot_continuous_gain(ax, runs: dict, why: dict, gpu: dict) -> None:
-    names = [name for name in runs if ENGINE_STATIC in runs[name]]
-    measured = [ratio_spread(runs[n][ENGINE_CONTINUOUS], runs[n][ENGINE_STATIC], "output_throughput") for n in names]
-    x = np.arange(len(names))
-    ax.bar(
-        x - 0.2,
-        [m["median"] for m in measured],
-        0.4,
-        yerr=np.hstack([error_bar(m) for m in measured]),
-        capsize=3,
-        color="C0",
-        label="this machine, measured (bars: range over rounds)",
-    )
-    ax.bar(
-        x + 0.2,
-        [gpu["workloads"][n]["continuous_vs_static"] for n in names],
-        0.4,
-        color="C3",
-        hatch="//",
-        alpha=0.7,
-        label=f"SIMULATED: {gpu['model']} on a GPU roofline",
-    )
-    ax.axhline(1.0, color="0.5", linewidth=0.8)
-    labels = []
-    for n in names:
-        s = why["workloads"][n][ENGINE_CONTINUOUS]
-        labels.append(f"{n}\nprefill {s['prefill_share']:.0%}\ndrain {s['drain_share']:.0%}")
-    ax.set_xticks(x, labels)
-    ax.set_xlabel(
-        "workload; the measured continuous run's time in prefill steps,\n"
-        "and draining after the last request was admitted"
-    )
-    ax.set_ylabel("continuous / static\n(output tokens/s, in the engine)")
-    ax.set_title("continuous batching's gain, measured here and SIMULATED on a GPU")
-    ax.set_ylim(
-        0, 1.25 * max([m["max"] for m in measured] + [gpu["workloads"][n]["continuous_vs_static"] for n in names])
-    )
-    ax.legend(loc="upper left")
-
-
 # ---------------------------------------------------------------- the run
 
 
@@ -725,7 +589,7 @@ def main(argv=None) -> dict:
     }
     path = results_dir() / f"05_engine_bench_{profile.name}.json"
     path.write_text(json.dumps(document, indent=2) + "\n")
-    figure = plot(runs, summary, why, gpu, meta)
+    figure = plot(runs, summary, why, gpu, meta, systems=SYSTEMS, continuous=ENGINE_CONTINUOUS, static=ENGINE_STATIC)
     print(format_report(document))
     print(*reading(document), sep="\n")
     print(f"wrote {path} and {figure} in {document['wall_s'] / 60:.1f} minutes")
