@@ -81,21 +81,53 @@ def test_fit_recovers_known_costs():
     truth = LinearStepCost(
         {
             "steps": 2.0,
+            "prefill_steps": 0.8,
             "prefill_tokens": 0.05,
+            "prefill_ends": 0.4,
             "decode_seqs": 0.3,
             "decode_kv_tokens": 0.0,
             "prefill_attention_pairs": 1e-5,
         }
     )
-    shapes = [
-        StepShape(p, d, d * rng.randint(10, 500), p * p // 2, d)
-        for p, d in ((rng.choice([0, rng.randint(1, 2000)]), rng.randint(0, 32)) for _ in range(200))
-    ]
+    shapes = []
+    for _ in range(200):
+        p, d = rng.choice([0, rng.randint(1, 2000)]), rng.randint(0, 32)
+        ends = rng.randint(0, 3) if p else 0
+        shapes.append(StepShape(p, d, d * rng.randint(10, 500), p * p // 2, d + ends))
     times = [truth.step_ms(s) for s in shapes]
     fitted = LinearStepCost.fit(shapes, times)
     for name in FEATURES:
         assert fitted.ms_per_unit[name] == pytest.approx(truth.ms_per_unit[name], rel=1e-6, abs=1e-9)
     assert np.max(np.abs(fitted.relative_errors(shapes, times))) < 1e-6
+
+
+def test_steps_with_prompt_tokens_weigh_as_much_as_the_decode_steps():
+    """Decode steps outnumber the steps that run prompt tokens, which decide TTFT: each group
+    weighs the same in the fit whatever its count, so tripling the decode steps changes nothing."""
+    rng = random.Random(1)
+    decode = [StepShape(0, d, d * rng.randint(50, 500), 0, d) for d in (rng.randint(1, 32) for _ in range(60))]
+    prompt = [
+        StepShape(p, d, d * rng.randint(50, 500), p * p // 2, d + ends)
+        for p, d, ends in ((rng.randint(8, 512), rng.randint(0, 8), rng.randint(0, 2)) for _ in range(20))
+    ]
+    noisy = lambda shape: (5 + 0.4 * shape.decode_seqs + 0.1 * shape.prefill_tokens) * rng.uniform(0.8, 1.2)  # noqa: E731
+    decode_ms, prompt_ms = [noisy(s) for s in decode], [noisy(s) for s in prompt]
+    once = LinearStepCost.fit(decode + prompt, decode_ms + prompt_ms)
+    thrice = LinearStepCost.fit(decode * 3 + prompt, decode_ms * 3 + prompt_ms)
+    for name in FEATURES:
+        assert thrice.ms_per_unit[name] == pytest.approx(once.ms_per_unit[name], rel=1e-6, abs=1e-9)
+
+
+def test_noisy_step_times_do_not_bias_the_summed_time_low():
+    """Half the steps ran at a third of the speed (a busy machine): relative errors taken against
+    the measured times would favour the fast half and make every simulated sum short; taken
+    against the modelled times, the fit's summed time is the measured one."""
+    rng = random.Random(2)
+    shapes = [StepShape(0, d, d * rng.randint(50, 500), 0, d) for d in (rng.randint(1, 32) for _ in range(400))]
+    times = [(5 + 0.5 * s.decode_seqs) * rng.choice([1.0, 3.0]) for s in shapes]
+    fitted = LinearStepCost.fit(shapes, times)
+    predicted = sum(fitted.step_ms(s) for s in shapes)
+    assert predicted / sum(times) == pytest.approx(1.0, abs=0.03)
 
 
 def test_fit_never_returns_a_negative_cost():
@@ -106,7 +138,7 @@ def test_fit_never_returns_a_negative_cost():
 
 
 def test_fit_refuses_too_few_steps():
-    with pytest.raises(ValueError, match="need at least 5 measured steps"):
+    with pytest.raises(ValueError, match=f"need at least {len(FEATURES)} measured steps"):
         LinearStepCost.fit([StepShape(1, 0, 0, 1, 1)], [1.0])
 
 

@@ -2,7 +2,11 @@
 
 A step's time depends on its shape (infer.engine.step_record.StepShape), not on token values:
 prefill tokens, decode sequences, the KV tokens the decodes read, and the query-key pairs of the
-prefill chunks, plus the step itself, a fixed overhead.
+prefill chunks, plus the step itself, a fixed overhead. The engine's model also pays per prompt
+chunk, apart from its tokens: each chunk is its own gather and attention call in every layer
+(infer.paged_attention), and each chunk that ends a prompt samples a token. A step holds at most
+one chunk that does not end its prompt, so "does the step run prompt tokens?" and "how many
+prompts end in it?" count those costs.
 
 Two cost models read a shape: `LinearStepCost`, fitted to step times measured on this machine
 (non-negative least squares: no feature may make a step cheaper), and `RooflineStepCost`, from a
@@ -20,14 +24,40 @@ from infer.memory import kv_token_bytes
 from infer.model import Arch
 from infer.roofline import linear_parameters
 
-FEATURES = ("steps", "prefill_tokens", "decode_seqs", "decode_kv_tokens", "prefill_attention_pairs")
+FEATURES = (
+    "steps",
+    "prefill_steps",
+    "prefill_tokens",
+    "prefill_ends",
+    "decode_seqs",
+    "decode_kv_tokens",
+    "prefill_attention_pairs",
+)
 
 
 def features(shape: StepShape) -> np.ndarray:
-    """The shape as the linear model's inputs, in FEATURES order (1 for the step's fixed overhead)."""
+    """The shape as the linear model's inputs, in FEATURES order: 1 for the step's fixed overhead,
+    1 more if it runs prompt tokens (a chunk's own attention path), the prompts that end in it
+    (each one more chunk, and a sampled row), then the tokens, sequences and pairs."""
     return np.array(
-        [1.0, shape.prefill_tokens, shape.decode_seqs, shape.decode_kv_tokens, shape.prefill_attention_pairs]
+        [
+            1.0,
+            1.0 if shape.prefill_tokens else 0.0,
+            shape.prefill_tokens,
+            shape.sampled_rows - shape.decode_seqs,
+            shape.decode_seqs,
+            shape.decode_kv_tokens,
+            shape.prefill_attention_pairs,
+        ]
     )
+
+
+def step_kind(shape: StepShape) -> str:
+    """ "decode" (decodes only), "prefill" (prompt tokens only) or "mixed": the step-cost errors are
+    reported by kind, since TTFT is decided by the steps that run prompt tokens."""
+    if not shape.prefill_tokens:
+        return "decode"
+    return "mixed" if shape.decode_seqs else "prefill"
 
 
 @dataclass(frozen=True)
@@ -51,11 +81,15 @@ class LinearStepCost:
 
     @classmethod
     def fit(cls, shapes: list[StepShape], step_ms: list[float]) -> "LinearStepCost":
-        """Least squares with every coefficient >= 0, weighting each step by 1/time so that short
-        decode steps count as much as long prefills (relative, not absolute, errors).
+        """Least squares with every coefficient >= 0 on relative errors, so that short decode
+        steps count as much as long prefills, with the steps that run prompt tokens weighted as
+        much, all together, as the decode-only ones: decode steps outnumber them in a run, yet
+        they decide TTFT.
 
-        With five features, the non-negative fit is found exactly by trying every subset of
-        features and keeping the best fit whose coefficients are all >= 0."""
+        Each error is relative to the step's modelled time, not its measured one: dividing by a
+        noisy measurement favours the steps that happened to run fast, and every simulated sum
+        (a TTFT, a run) comes out short. So the fit runs twice: relative to the measured times,
+        then relative to what that first fit predicts."""
         if len(shapes) != len(step_ms) or len(shapes) < len(FEATURES):
             raise ValueError(
                 f"need at least {len(FEATURES)} measured steps with one time each, "
@@ -64,24 +98,36 @@ class LinearStepCost:
         y = np.asarray(step_ms, dtype=float)
         if not np.all(y > 0):
             raise ValueError("step times must be positive milliseconds")
-        x = np.stack([features(s) for s in shapes]) / y[:, None]
-        target = np.ones_like(y)  # (x . c) / y should be 1
-        scale = np.maximum(np.abs(x).max(axis=0), 1e-12)  # columns of similar size for lstsq
-        best, best_error = None, np.inf
-        for size in range(1, len(FEATURES) + 1):
-            for subset in itertools.combinations(range(len(FEATURES)), size):
-                columns = list(subset)
-                coef, *_ = np.linalg.lstsq(x[:, columns] / scale[columns], target, rcond=None)
-                if np.any(coef < 0):
-                    continue
-                error = float(np.sum((x[:, columns] / scale[columns] @ coef - target) ** 2))
-                if error < best_error:
-                    best, best_error = dict(zip(columns, coef / scale[columns])), error
-        return cls({name: float(best.get(i, 0.0)) for i, name in enumerate(FEATURES)})
+        x = np.stack([features(s) for s in shapes])
+        with_prompt = np.array([step_kind(s) != "decode" for s in shapes])
+        group_weight = 1 / np.where(with_prompt, with_prompt.sum(), (~with_prompt).sum())
+        first = _nonnegative_least_squares(x, y, group_weight / y**2)
+        modelled = np.maximum(x @ first, 1e-3 * y.min())
+        return cls(dict(zip(FEATURES, map(float, _nonnegative_least_squares(x, y, group_weight / modelled**2)))))
 
     def relative_errors(self, shapes: list[StepShape], step_ms: list[float]) -> np.ndarray:
         predicted = np.array([self.step_ms(s) for s in shapes])
         return predicted / np.asarray(step_ms) - 1
+
+
+def _nonnegative_least_squares(x: np.ndarray, y: np.ndarray, weights: np.ndarray) -> np.ndarray:
+    """The c >= 0 that minimizes sum(weights * (x @ c - y)^2). With seven features it is found
+    exactly by trying every subset of them and keeping the best fit whose coefficients are all >= 0."""
+    rows = np.sqrt(weights)[:, None]
+    a, b = x * rows, y * rows[:, 0]
+    scale = np.maximum(np.abs(a).max(axis=0), 1e-12)  # columns of similar size for lstsq
+    best, best_error = np.zeros(x.shape[1]), np.inf
+    for size in range(1, x.shape[1] + 1):
+        for subset in itertools.combinations(range(x.shape[1]), size):
+            columns = list(subset)
+            coef, *_ = np.linalg.lstsq(a[:, columns] / scale[columns], b, rcond=None)
+            if np.any(coef < 0):
+                continue
+            error = float(np.sum((a[:, columns] / scale[columns] @ coef - b) ** 2))
+            if error < best_error:
+                best, best_error = np.zeros(x.shape[1]), error
+                best[columns] = coef / scale[columns]
+    return best
 
 
 @dataclass(frozen=True)

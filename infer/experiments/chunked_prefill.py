@@ -10,6 +10,8 @@ runs as the metrics. The heavy measurements run once, as
 
 import math
 import random
+import statistics
+from collections import defaultdict
 from dataclasses import dataclass
 
 import torch
@@ -17,6 +19,7 @@ import torch
 from infer.engine import Engine
 from infer.engine.replay import replay
 from infer.engine.sequence import benchmark_params
+from infer.engine.step_costs import step_kind
 from infer.engine.step_record import StepRecord
 from infer.kv_cache import KVCache
 from infer.metrics import calculate_metrics
@@ -37,16 +40,17 @@ def stall_workload(
     long_prompt_lens: tuple[int, ...] = (1024, 1344, 1664, 1984),
     seed: int = 0,
 ) -> Workload:
-    """`num_decoding` short requests start together and decode 128 tokens each; long prompts
+    """`num_decoding` short requests start together and decode 192 tokens each; long prompts
     arrive one by one while they decode, 30 decode steps apart plus room for the previous
     prefill, so that each stall is its own event. Times are in units of this machine's
     `decode_step_s` and `prefill_s` (the longest prompt's prefill), so that the prompts land
-    mid-decode on a fast machine and a slow one alike."""
+    mid-decode on a fast machine and a slow one alike; the last one arrives some 100 decode
+    steps in, so the decodes outlast it even when the machine runs twice as fast as measured."""
     rng = random.Random(seed)
     short = [random_prompt(rng, rng.randint(32, 64), vocab_size) for _ in range(num_decoding)]
     long = [random_prompt(rng, n, vocab_size) for n in long_prompt_lens]
     offsets = [0.0] * num_decoding + [(i + 1) * prefill_s + (10 + 30 * i) * decode_step_s for i in range(len(long))]
-    return Workload("stalls", short + long, [128] * num_decoding + [32] * len(long), offsets)
+    return Workload("stalls", short + long, [192] * num_decoding + [32] * len(long), offsets)
 
 
 @dataclass
@@ -128,13 +132,31 @@ def summarize_run(run: Run, slo_ms: dict[str, float] | None = None) -> dict:
     }
 
 
-def stall_summary(prefill_first: dict, chunked: dict) -> dict:
-    """The two numbers the stall experiment is judged by."""
+def stall_demo(engine: Engine, short_prompts: list[list[int]], long_prompt: list[int], *, steps_before: int = 4):
+    """The lecture's live stall: the short prompts start together and decode 24 tokens each; after
+    `steps_before` steps a long prompt arrives and asks for 8. Any engine that logs its steps runs
+    it, the real one or the simulator (infer.engine.simulator.SimulatedEngine), so that the two
+    schedules can be compared step by step. Returns the step log."""
+    for prompt in short_prompts:
+        engine.add_request(prompt, benchmark_params(24))
+    for _ in range(steps_before):
+        engine.step()
+    engine.add_request(long_prompt, benchmark_params(8), request_id="long")
+    while engine.has_unfinished():
+        engine.step()
+    return engine.step_log
+
+
+def stall_step_times(steps: list[StepRecord], long_id: str = "long") -> dict:
+    """What the lecture compares in the demo: the steps that ran a chunk of the long prompt (how
+    many, their median and longest ms) and the median decode-only step."""
+    long = [s.ms for s in steps if any(i.request_id == long_id and i.prefill for i in s.items)]
+    decode = [s.ms for s in steps if step_kind(s.shape) == "decode"]
     return {
-        "p99_itl_ratio_prefill_first_over_chunked": prefill_first["p99_itl_ms"] / chunked["p99_itl_ms"],
-        "total_throughput_change_chunked_vs_prefill_first": chunked["total_token_throughput"]
-        / prefill_first["total_token_throughput"]
-        - 1,
+        "long_steps": len(long),
+        "long_median_ms": statistics.median(long),
+        "long_max_ms": max(long),
+        "decode_median_ms": statistics.median(decode),
     }
 
 
@@ -201,7 +223,45 @@ def best_budget(records: list[dict], load_key: str, load, key: str) -> int | Non
     return best["max_num_batched_tokens"] if best[key] > 0 else None
 
 
+# How the sweep's SLOs follow from this machine's step costs (see sweep_slos).
+TPOT_SLACK = 1.75
+TTFT_PROMPT_ROUNDS = 2
+
+
+def sweep_slos(decode_step_ms: float, prefill_ms_per_token: float, concurrency: int, mean_prompt_len: float) -> dict:
+    """SLOs for a machine, from its step costs, so that a budget sweep at `concurrency` streams
+    can show the trade-off: a stream may decode at most TPOT_SLACK times slower than in a step of
+    pure decodes (`decode_step_ms`, at that concurrency), and a new request may wait at most as long
+    as prefilling every stream's prompt TTFT_PROMPT_ROUNDS times over."""
+    return {
+        "ttft": TTFT_PROMPT_ROUNDS * concurrency * mean_prompt_len * prefill_ms_per_token,
+        "tpot": TPOT_SLACK * decode_step_ms,
+    }
+
+
+# ------------------------------------------------------------ the simulator against the engine
+
+
 def relative_error(simulated: float, measured: float) -> float:
     if measured == 0:
         return math.inf if simulated else 0.0
     return simulated / measured - 1
+
+
+def step_cost_errors(cost, steps: list[StepRecord]) -> dict[str, dict]:
+    """A cost model's error on measured steps, by kind: how many steps, the median per-step error,
+    and the error of their summed time, which is what a TTFT or a run's duration adds up. Decode
+    steps are most of a run, so one number for all steps would hide the steps that decide TTFT."""
+    by_kind = defaultdict(list)
+    for step in steps:
+        by_kind[step_kind(step.shape)].append(step)
+    errors = {}
+    for kind, group in sorted(by_kind.items()):
+        predicted = [cost.step_ms(s.shape) for s in group]
+        measured = [s.ms for s in group]
+        errors[kind] = {
+            "steps": len(group),
+            "median_error": statistics.median(p / m - 1 for p, m in zip(predicted, measured)),
+            "summed_time_error": sum(predicted) / sum(measured) - 1,
+        }
+    return errors

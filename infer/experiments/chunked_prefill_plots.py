@@ -11,20 +11,27 @@ PREFILL_COLOR, DECODE_COLOR = "tab:orange", "tab:blue"
 
 
 def plot_gantt(ax: plt.Axes, steps: list[StepRecord], title: str, *, request_order: list[str] | None = None) -> None:
-    """One row per request: an orange bar for every step that ran a chunk of its prompt, a blue
-    tick for every step that decoded one of its tokens. A long orange bar with the blue rows
-    stopped beside it is a stall."""
+    """One row per request: an orange bar for every step that ran a chunk of its prompt, from the
+    step's start to its end, and a blue tick where each of its tokens appeared (the end of the step
+    that decoded it). A gap in the blue ticks beside an orange bar is a stall: however long the
+    step that caused it, the gap shows its length."""
     t0 = steps[0].start if steps else 0.0
     order = request_order or list(dict.fromkeys(item.request_id for step in steps for item in step.items))
     row = {rid: i for i, rid in enumerate(order)}
-    prefill, decode = {rid: [] for rid in order}, {rid: [] for rid in order}
+    prefill = {rid: [] for rid in order}
+    token_times, token_rows = [], []
     for step in steps:
         for item in step.items:
-            if item.request_id in row:
-                (prefill if item.prefill else decode)[item.request_id].append((step.start - t0, step.end - step.start))
+            if item.request_id not in row:
+                continue
+            if item.prefill:
+                prefill[item.request_id].append((step.start - t0, step.end - step.start))
+            else:
+                token_times.append(step.end - t0)
+                token_rows.append(row[item.request_id])
     for rid in order:
         ax.broken_barh(prefill[rid], (row[rid] - 0.4, 0.8), color=PREFILL_COLOR)
-        ax.broken_barh(decode[rid], (row[rid] - 0.25, 0.5), color=DECODE_COLOR)
+    ax.scatter(token_times, token_rows, marker="|", s=30, linewidths=1, color=DECODE_COLOR)
     ax.set_ylim(-1, len(order))
     ax.set_yticks([])
     ax.set_xlabel("time since the first step (s)")
@@ -34,7 +41,7 @@ def plot_gantt(ax: plt.Axes, steps: list[StepRecord], title: str, *, request_ord
     ax.legend(
         handles=[
             plt.Rectangle((0, 0), 1, 1, color=PREFILL_COLOR, label="prefill chunk"),
-            plt.Rectangle((0, 0), 1, 1, color=DECODE_COLOR, label="decode token"),
+            plt.Line2D([], [], marker="|", ls="none", ms=8, color=DECODE_COLOR, label="decoded token"),
         ],
         loc="lower right",
         bbox_to_anchor=(1, 1),
@@ -60,44 +67,91 @@ def plot_itl_distribution(ax: plt.Axes, itls_ms: dict[str, list[float]]) -> None
     ax.legend()
 
 
-def plot_budget_sweep(axes, records: list[dict], load_key: str, load_label: str, *, stamp: str | None = None) -> None:
-    """Three panels: TTFT p50/p99, TPOT p50/p99 and goodput vs budget, one colour per load; the
-    goodput-best budget of each load is circled, the throughput-best marked with an x."""
-    ttft_ax, tpot_ax, goodput_ax = axes
-    loads = sorted({r[load_key] for r in records})
+def _median_and_range(value) -> tuple[float, float, float]:
+    """A sweep point's value: a spread over rounds (infer.experiments.rounds.spread), or one number."""
+    if isinstance(value, dict):
+        return value["median"], value["min"], value["max"]
+    return value, value, value
+
+
+def plot_budget_sweep(
+    axes,
+    points: list[dict],
+    load_key: str,
+    load_label: str,
+    *,
+    slo_ms: dict | None = None,
+    capacity: dict[int, float] | None = None,
+    stamp: str | None = None,
+) -> None:
+    """Four panels against the budget, one colour per load (`load_label` names it: "concurrency
+    {}"): TTFT and TPOT (p50 solid, p90 dashed,
+    the SLO as a red line), output throughput and goodput. Medians over rounds, bars from the
+    slowest to the fastest round where there were several. The throughput-best budget of each
+    load is marked with a black x, the goodput-best circled in red; a point marked overloaded (its
+    load beyond the budget's capacity: a queue that only grows) is drawn hollow and never marked.
+
+    Loads given as arrival rates (an open loop) get every budget's `capacity` (requests/s) in the
+    third panel instead: below it, every budget finishes what arrives, so the throughput-best is
+    the budget with the most capacity."""
+    ttft_ax, tpot_ax, throughput_ax, goodput_ax = axes
+    loads = list(dict.fromkeys(p[load_key] for p in points))
     colors = plt.cm.viridis(np.linspace(0, 0.85, len(loads)))
-    for load, color in zip(loads, colors):
-        rows = sorted((r for r in records if r[load_key] == load), key=lambda r: r["max_num_batched_tokens"])
+
+    def draw(ax, rows, key, style, color, label=None):
+        values = [_median_and_range(r[key]) for r in rows]
         budgets = [r["max_num_batched_tokens"] for r in rows]
+        medians = [v[0] for v in values]
+        errors = [[v[0] - v[1] for v in values], [v[2] - v[0] for v in values]]
+        ax.errorbar(budgets, medians, yerr=errors, fmt=style, color=color, capsize=3, label=label, mfc="none")
+        steady = [(b, m) for b, m, r in zip(budgets, medians, rows) if not r.get("overloaded")]
+        if steady:
+            ax.plot(*zip(*steady), style[0], color=color)  # filled markers: the loads the budget keeps up with
+        return budgets, medians
+
+    for load, color in zip(loads, colors):
+        rows = sorted((p for p in points if p[load_key] == load), key=lambda p: p["max_num_batched_tokens"])
         for ax, metric in ((ttft_ax, "ttft"), (tpot_ax, "tpot")):
-            ax.plot(
-                budgets, [r[f"p50_{metric}_ms"] for r in rows], "o-", color=color, label=f"{load_label} {load:g} p50"
-            )
-            ax.plot(
-                budgets,
-                [r[f"p99_{metric}_ms"] for r in rows],
-                "s--",
-                color=color,
-                alpha=0.7,
-                label=f"{load_label} {load:g} p99",
-            )
-        goodput = [r["request_goodput"] for r in rows]
-        goodput_ax.plot(budgets, goodput, "o-", color=color, label=f"{load_label} {load:g}")
-        best = int(np.argmax(goodput))
-        fastest = int(np.argmax([r["output_throughput"] for r in rows]))
-        if goodput[best] > 0:
-            goodput_ax.plot(budgets[best], goodput[best], "o", ms=14, mfc="none", mec="red", mew=2)
-        else:
-            goodput_ax.text(0.5, 0.5, "no budget meets the SLOs", transform=goodput_ax.transAxes, ha="center")
-        goodput_ax.plot(budgets[fastest], goodput[fastest], "x", ms=10, color="black", mew=2)
-    for ax, what in ((ttft_ax, "TTFT (ms)"), (tpot_ax, "TPOT (ms)"), (goodput_ax, "goodput (requests/s within SLOs)")):
+            draw(ax, rows, f"p50_{metric}_ms", "o-", color, f"{load_label.format(load)} p50")
+            draw(ax, rows, f"p90_{metric}_ms", "s--", color, f"{load_label.format(load)} p90")
+        if capacity is None:
+            budgets, throughput = draw(throughput_ax, rows, "output_throughput", "o-", color, load_label.format(load))
+        budgets, goodput = draw(goodput_ax, rows, "request_goodput", "o-", color, load_label.format(load))
+        steady = [i for i, r in enumerate(rows) if not r.get("overloaded")]
+        if steady and capacity is None:  # ties go to the smaller budget, as chunked_prefill.best_budget
+            fastest = max(steady, key=lambda i: (throughput[i], -budgets[i]))
+            throughput_ax.plot(budgets[fastest], throughput[fastest], "x", ms=12, color="black", mew=2)
+        if steady:
+            best = max(steady, key=lambda i: (goodput[i], -budgets[i]))
+            if goodput[best] > 0:
+                goodput_ax.plot(budgets[best], goodput[best], "o", ms=14, mfc="none", mec="red", mew=2)
+    if capacity is not None:
+        budgets = sorted(capacity)
+        throughput_ax.plot(budgets, [capacity[b] for b in budgets], "o-", color="0.3", label="all requests at once")
+        fastest = max(budgets, key=lambda b: (capacity[b], -b))
+        throughput_ax.plot(fastest, capacity[fastest], "x", ms=12, color="black", mew=2)
+        throughput_ax.legend()
+    if slo_ms:
+        for ax, metric in ((ttft_ax, "ttft"), (tpot_ax, "tpot")):
+            ax.axhline(slo_ms[metric], color="red", lw=1, ls=":", label=f"SLO {slo_ms[metric]:.0f} ms")
+    panels = (
+        (ttft_ax, "TTFT (ms)"),
+        (tpot_ax, "TPOT (ms)"),
+        (
+            throughput_ax,
+            "output throughput (tok/s); x: the best" if capacity is None else "capacity (requests/s); x: the most",
+        ),
+        (goodput_ax, "goodput (requests/s within SLOs); red circle: the best"),
+    )
+    for ax, what in panels:
         ax.set_xscale("log", base=2)
         ax.set_xlabel("max_num_batched_tokens (token budget per step)")
         ax.set_ylabel(what)
     ttft_ax.set_yscale("log")
     tpot_ax.set_yscale("log")
-    ttft_ax.legend(ncol=2)
-    goodput_ax.legend(title="red circle: goodput-best\nblack x: throughput-best")
+    for ax in (ttft_ax, tpot_ax):
+        ax.legend(ncol=2)
+    goodput_ax.legend(title="hollow: overloaded" if any(p.get("overloaded") for p in points) else None)
     if stamp:
         for ax in axes:
             ax.text(
@@ -116,7 +170,8 @@ def plot_budget_sweep(axes, records: list[dict], load_key: str, load_label: str,
 
 def plot_simulated_vs_measured(ax: plt.Axes, rows: list[dict]) -> None:
     """Simulated against measured for each held-out workload and metric, on log axes around y = x,
-    with the +-10% band."""
+    with the +-10% band. A workload measured in several rounds is drawn at their median, with a bar
+    from the lowest round to the highest: how far the machine moved while the simulation did not."""
     metrics = (
         ("median_ttft_ms", "median TTFT (ms)", "o"),
         ("median_tpot_ms", "median TPOT (ms)", "s"),
@@ -124,10 +179,12 @@ def plot_simulated_vs_measured(ax: plt.Axes, rows: list[dict]) -> None:
     )
     values = []
     for key, label, marker in metrics:
-        measured = [r["measured"][key] for r in rows]
+        measured = [_median_and_range(r["measured"][key]) for r in rows]
         simulated = [r["simulated"][key] for r in rows]
-        ax.scatter(measured, simulated, marker=marker, label=label)
-        values += measured + simulated
+        x = [m[0] for m in measured]
+        rounds = [[m[0] - m[1] for m in measured], [m[2] - m[0] for m in measured]]
+        ax.errorbar(x, simulated, xerr=rounds, fmt=marker, label=label)
+        values += [m[1] for m in measured] + [m[2] for m in measured] + simulated
     low, high = min(values) * 0.7, max(values) * 1.4
     line = np.array([low, high])
     ax.plot(line, line, color="0.3", lw=1)
@@ -136,7 +193,7 @@ def plot_simulated_vs_measured(ax: plt.Axes, rows: list[dict]) -> None:
     ax.set_yscale("log")
     ax.set_xlim(low, high)
     ax.set_ylim(low, high)
-    ax.set_xlabel("measured on the engine (ms, or tok/s)")
+    ax.set_xlabel("measured on the engine (ms, or tok/s): median of the rounds")
     ax.set_ylabel("simulated (ms, or tok/s)")
     ax.set_title("simulator vs engine, held-out workloads")
     ax.legend()
