@@ -1,65 +1,75 @@
-"""Lab 06's checks: the right chunked decision and budget pick pass; each shortcut fails with a
-message that names it; the library's own function is refused."""
+"""Lab 06's checks: the right chunked decision and budget pick pass; each wrong implementation that
+breaks a rule the lab states fails with a message naming that rule; the library's own functions
+are refused, and so is a wrapper around any library function that computes the answer."""
+
+import functools
+import math
 
 import pytest
 
+from infer.course.checks import grade_answer
 from infer.course.exercises.week06 import grade_best_budget, grade_chunked_decision
 from infer.engine.scheduler import chunked_token_counts
 
+# ---------------------------------------------------------------- the chunked decision
 
-def right(running_needs, running_prefilling, waiting, free_slots, budget):
-    counts = [0] * len(running_needs)
-    for prefilling in (False, True):  # decodes, then the prompts being continued
-        for i, (need, p) in enumerate(zip(running_needs, running_prefilling)):
-            if p == prefilling:
-                counts[i] = min(need, budget)
-                budget -= counts[i]
+
+def new_chunks(waiting, free_slots, budget):
     new = []
     for need in waiting[: max(free_slots, 0)]:
         if budget == 0:
             break
         new.append(min(need, budget))
         budget -= new[-1]
-    return counts, new
+    return new
 
 
-def prefill_first(running_needs, running_prefilling, waiting, free_slots, budget):
+def right(running_needs, running_prefilling, waiting, free_slots, budget):
+    counts = []
+    for need in running_needs:  # in the order they were admitted: vLLM V1 sorts nothing
+        counts.append(min(need, budget))
+        budget -= counts[-1]
+    return counts, new_chunks(waiting, free_slots, budget)
+
+
+def decodes_first(running_needs, running_prefilling, waiting, free_slots, budget):
+    counts = [0] * len(running_needs)
+    for prefilling in (False, True):  # Sarathi-Serve's and vLLM V0's order
+        for i, (need, p) in enumerate(zip(running_needs, running_prefilling)):
+            if p == prefilling:
+                counts[i] = min(need, budget)
+                budget -= counts[i]
+    return counts, new_chunks(waiting, free_slots, budget)
+
+
+def whole_prompts_only(running_needs, running_prefilling, waiting, free_slots, budget):
+    counts, _ = right(running_needs, running_prefilling, [], 0, budget)
+    budget -= sum(counts)
     new = []
     for need in waiting[:free_slots]:
         if need > budget:
             break
         new.append(need)
         budget -= need
-    if new:
-        return [0] * len(running_needs), new
-    return [0 if p else 1 for p in running_prefilling], []
-
-
-def waiting_first(running_needs, running_prefilling, waiting, free_slots, budget):
-    new = []
-    for need in waiting[:free_slots]:
-        if budget == 0:
-            break
-        new.append(min(need, budget))
-        budget -= new[-1]
-    counts = []
-    for need in running_needs:
-        counts.append(min(need, budget))
-        budget -= counts[-1]
     return counts, new
 
 
-def running_in_queue_order(running_needs, running_prefilling, waiting, free_slots, budget):
-    counts = []
-    for need in running_needs:
-        counts.append(min(need, budget))
-        budget -= counts[-1]
-    return counts, right([], [], waiting, free_slots, budget)[1]  # the rest to new prompts, as it should
+def waiting_first(running_needs, running_prefilling, waiting, free_slots, budget):
+    new = new_chunks(waiting, free_slots, budget)
+    counts, _ = right(running_needs, running_prefilling, [], 0, budget - sum(new))
+    return counts, new
+
+
+def running_subtracted_twice(running_needs, running_prefilling, waiting, free_slots, budget):
+    counts, _ = right(running_needs, running_prefilling, [], 0, budget)
+    budget -= sum(counts)
+    budget -= sum(counts)  # once more: the new prompts get less than is left
+    return counts, new_chunks(waiting, free_slots, max(budget, 0))
 
 
 def over_budget(running_needs, running_prefilling, waiting, free_slots, budget):
     counts, new = right(running_needs, running_prefilling, waiting, free_slots, budget)
-    return [1 if not p else n for n, p in zip(counts, running_prefilling)], new
+    return [max(n, 1) for n in counts], new  # every running sequence gets a token, budget or not
 
 
 def test_the_right_decision_passes():
@@ -70,52 +80,148 @@ def test_the_right_decision_passes():
 @pytest.mark.parametrize(
     "wrong, named",
     [
-        (prefill_first, "was left waiting whole: chunked prefill splits it"),
+        (
+            decodes_first,
+            "that is Sarathi-Serve's and vLLM V0's order; vLLM V1 serves the running sequences in the order",
+        ),
+        (whole_prompts_only, "was left waiting whole: chunked prefill splits it"),
         (waiting_first, "the running sequences come first"),
-        (running_in_queue_order, "the decodes come first, then the prompt chunks"),
+        (running_subtracted_twice, "the running sequences' tokens were taken from the budget twice"),
         (over_budget, "more than the budget"),
     ],
 )
-def test_each_shortcut_fails_with_its_name(wrong, named):
+def test_each_wrong_decision_fails_naming_the_rule_it_breaks(wrong, named):
     verdict = grade_chunked_decision(wrong)
     assert not verdict.ok and named in verdict.reason, verdict.line
+
+
+def test_the_issues_state_is_a_case():
+    verdict = grade_chunked_decision(decodes_first)
+    assert "running [decode 1, prefill 200, decode 1]" in verdict.line and "expected ([1, 39, 0], [])" in verdict.line
 
 
 def test_the_librarys_own_decision_is_refused():
     assert "library's own" in grade_chunked_decision(chunked_token_counts).reason
 
 
-def goodput(record, slo_ms):
-    good = sum(
-        t <= slo_ms.get("ttft", float("inf")) and p <= slo_ms.get("tpot", float("inf"))
+@pytest.mark.parametrize(
+    "wrapper",
+    [lambda *args: chunked_token_counts(*args), functools.partial(chunked_token_counts)],
+    ids=["lambda", "partial"],
+)
+def test_a_wrapper_around_the_librarys_decision_is_refused(wrapper):
+    verdict = grade_chunked_decision(wrapper)
+    assert not verdict.ok and "the course library's own infer.engine.scheduler.chunked_token_counts" in verdict.reason
+
+
+# ---------------------------------------------------------------- the goodput-best budget
+
+
+def good_count(record, slo_ms, within=lambda value, limit: value <= limit):
+    return sum(
+        within(t, slo_ms.get("ttft", math.inf)) and within(p, slo_ms.get("tpot", math.inf))
         for t, p in zip(record["ttft_ms"], record["tpot_ms"])
     )
-    return good / record["duration_s"]
 
 
-def test_the_goodput_best_budget_passes():
+def pick_by(score, ties_to_larger=False):
+    sign = 1 if ties_to_larger else -1
+
     def pick(records, slo_ms):
-        return max(records, key=lambda r: (goodput(r, slo_ms), -r["max_num_batched_tokens"]))["max_num_batched_tokens"]
-
-    assert grade_best_budget(pick).ok
-
-
-def test_the_throughput_best_budget_is_named():
-    def pick(records, slo_ms):
-        return max(records, key=lambda r: len(r["ttft_ms"]) / r["duration_s"])["max_num_batched_tokens"]
-
-    assert "that is the throughput-best budget" in grade_best_budget(pick).reason
-
-
-def test_a_ttft_only_pick_fails():
-    def pick(records, slo_ms):
-        return max(records, key=lambda r: (goodput(r, {"ttft": slo_ms["ttft"]}), -r["max_num_batched_tokens"]))[
+        return max(records, key=lambda r: (score(r, slo_ms), sign * r["max_num_batched_tokens"]))[
             "max_num_batched_tokens"
         ]
 
-    assert not grade_best_budget(pick).ok
+    return pick
 
 
-def test_a_wrapper_around_the_librarys_decision_is_refused():
-    verdict = grade_chunked_decision(lambda *args: chunked_token_counts(*args))
-    assert not verdict.ok and "calls the course library's own" in verdict.reason, verdict.line
+goodput_best = pick_by(lambda r, slo: good_count(r, slo) / r["duration_s"])
+
+
+def test_the_goodput_best_budget_passes():
+    verdict = grade_best_budget(goodput_best)
+    assert verdict.ok, verdict.line
+
+
+@pytest.mark.parametrize(
+    "wrong, named",
+    [
+        (
+            pick_by(lambda r, slo: good_count(r, slo, lambda v, limit: v < limit) / r["duration_s"]),
+            "a value equal to a limit meets it",
+        ),
+        (pick_by(lambda r, slo: good_count(r, slo) / r["duration_s"], ties_to_larger=True), "ties go to the smaller"),
+        (pick_by(lambda r, slo: good_count(r, slo)), "goodput divides their count by the run's duration_s"),
+        (pick_by(lambda r, slo: len(r["ttft_ms"]) / r["duration_s"]), "that is the throughput-best budget"),
+        (pick_by(lambda r, slo: good_count(r, {"ttft": slo["ttft"]}) / r["duration_s"]), "best budget for TTFT alone"),
+        (pick_by(lambda r, slo: good_count(r, {"tpot": slo["tpot"]}) / r["duration_s"]), "best budget for TPOT alone"),
+    ],
+    ids=["strictly-below", "ties-to-larger", "not-per-second", "throughput", "ttft-only", "tpot-only"],
+)
+def test_each_wrong_pick_fails_naming_the_rule_it_breaks(wrong, named):
+    verdict = grade_best_budget(wrong)
+    assert not verdict.ok and named in verdict.reason, verdict.line
+
+
+def test_a_tie_shows_equal_goodputs_and_a_limit_case_shows_distinct_ones():
+    ties = grade_best_budget(pick_by(lambda r, slo: good_count(r, slo) / r["duration_s"], ties_to_larger=True))
+    assert "got 4096, expected 1024 (goodput 0.8 vs 0.8 req/s)" in ties.line, ties.line
+
+
+def _best_budget_wrapper(records, slo_ms):
+    from infer.experiments.chunked_prefill import best_budget
+
+    rows = [
+        {
+            "load": 0,
+            "max_num_batched_tokens": r["max_num_batched_tokens"],
+            "goodput": good_count(r, slo_ms) / r["duration_s"],
+        }
+        for r in records
+    ]
+    return best_budget(rows, "load", 0, "goodput")  # the goodput is the student's; the pick is the library's
+
+
+def _meets_slo_wrapper(records, slo_ms):
+    from infer.metrics import RequestLatencies, meets_slo
+
+    def goodput(r):
+        lats = [RequestLatencies(t, p, 0.0, ()) for t, p in zip(r["ttft_ms"], r["tpot_ms"])]
+        return sum(meets_slo(lat, slo_ms) for lat in lats) / r["duration_s"]
+
+    return max(records, key=lambda r: (goodput(r), -r["max_num_batched_tokens"]))["max_num_batched_tokens"]
+
+
+def _reference_wrapper(records, slo_ms):
+    from infer.course.exercises import week06
+
+    return getattr(week06, "reference_best_budget")(records, slo_ms)  # noqa: B009 - a getattr ends in a call too
+
+
+@pytest.mark.parametrize(
+    "wrapper, named",
+    [
+        (_best_budget_wrapper, "infer.experiments.chunked_prefill.best_budget"),
+        (_meets_slo_wrapper, "infer.metrics.meets_slo"),
+        (_reference_wrapper, "infer.course.exercises.week06.reference_best_budget"),
+    ],
+    ids=["best_budget", "meets_slo", "the check's reference"],
+)
+def test_a_pick_that_calls_a_library_function_computing_the_answer_fails_naming_it(wrapper, named):
+    verdict = grade_best_budget(wrapper)
+    assert not verdict.ok and f"calls the course library's own {named}" in verdict.reason, verdict.line
+
+
+# ---------------------------------------------------------------- check questions: messages that fit
+
+
+def test_a_fractional_step_count_is_told_to_round_up():
+    line = grade_answer("06.q2", 2000 / 492).line
+    assert "expected a whole number, got 4.06504" in line and "round up" in line and "round down" not in line, line
+
+
+def test_a_rejected_number_is_printed_with_the_digits_that_set_it_apart_from_the_accepted_edge():
+    edge = 408 * 1.01
+    line = grade_answer("06.q3", edge + 1e-7).line
+    shown = line.split("❌ 06.q3: ")[1].split(" ms")[0]
+    assert float(shown) > edge and f"{edge:g}" != shown, line

@@ -6,24 +6,30 @@ from tests.notebook_files import REPO_ROOT
 # Plausible mistakes, one per task of lab 06 (cell id -> replacement solution).
 LAB06_MISTAKES = {
     "q1": "answer_q1 = 512  # the whole budget, as if the decodes took none of it",
-    "q2": "answer_q2 = math.ceil(2000 / 512)  # the decodes' share forgotten",
+    "q2": "answer_q2 = 2000 / (512 - 20)  # not rounded up: the last, partial chunk takes a step too",
     "q3": "answer_q3 = 400  # the prefill only, not the decode step that makes the next token",
     "q4": 'answer_q4 = "small-budget"',
     "q5": 'answer_q5 = "small-hurts-tpot-large-hurts-ttft"',
     "q6": 'answer_q6 = "random-seeds"',
     "decision": """    budget = max_num_batched_tokens
+    running_counts = [0] * len(running_needs)
+    for prefilling in (False, True):  # decodes first: Sarathi-Serve's and vLLM V0's order, not V1's
+        for i, need in enumerate(running_needs):
+            if running_prefilling[i] == prefilling:
+                running_counts[i] = min(need, budget)
+                budget -= running_counts[i]
     new_counts = []
-    for need in waiting_prompt_lens[:max(free_slots, 0)]:  # new prompts first: prefill-first habits
+    for need in waiting_prompt_lens[: max(free_slots, 0)]:
         if budget == 0:
             break
         new_counts.append(min(need, budget))
         budget -= new_counts[-1]
-    running_counts = []
-    for need in running_needs:
-        running_counts.append(min(need, budget))
-        budget -= running_counts[-1]
     return running_counts, new_counts""",
-    "budget": """    return max(records, key=lambda r: len(r["ttft_ms"]) / r["duration_s"])["max_num_batched_tokens"]  # throughput""",
+    "budget": """    def goodput(record):  # strictly below the limits: a value equal to a limit is counted as a miss
+        good = sum(ttft < slo_ms["ttft"] and tpot < slo_ms["tpot"] for ttft, tpot in zip(record["ttft_ms"], record["tpot_ms"]))
+        return good / record["duration_s"]
+
+    return max(records, key=lambda r: (goodput(r), -r["max_num_batched_tokens"]))["max_num_batched_tokens"]""",
 }
 LAB06_CHECK_OF_TASK = {"decision": "check-decision", "budget": "check-budget"}
 
