@@ -256,3 +256,11 @@ def test_grading_adds_cases_nobody_saw(monkeypatch):
     assert visible.random() == checks.case_rng("99.f").random() != unseen.random()
     monkeypatch.setenv(GRADING_SALT_ENV, "abd")
     assert case_rngs("99.f")[1].random() != random.Random("99.f|grading|abc").random()
+
+
+def test_a_rejected_fraction_is_printed_whole():
+    key = sealed_key("99.q5", {"kind": "number", "unit": "bytes", "tolerance": "exact"}, 131072)
+    line = grade_answer("99.q5", 131072.5, key).line
+    assert "got 131072.5:" in line, line
+    bytes_key = sealed_key("99.q6", {"kind": "number", "unit": "bytes", "tolerance": 0.01}, 131072.0)
+    assert "got 0.000131072 (GB?)" in grade_answer("99.q6", 0.000131072, bytes_key).line

@@ -274,12 +274,12 @@ def _grade_number(qid: str, answer: Any, key: dict) -> Verdict:
         return Verdict(
             qid,
             False,
-            f"expected a whole number, got {value:g}: this answer is an exact count "
+            f"expected a whole number, got {value!r}: this answer is an exact count "
             f"({key.get('whole_number_rule', 'round down where the question says so')})",
         )
     for other_unit, to_key_unit in UNIT_SLIPS.get(unit, []):
         if low <= value * to_key_unit <= high:
-            return Verdict(qid, False, f"expected a value in {unit}, got {value:g} ({other_unit}?)")
+            return Verdict(qid, False, f"expected a value in {unit}, got {value:.15g} ({other_unit}?)")
     nearest_accepted = low if value < low else high
     shown = distinct_pair(value, nearest_accepted)[0]  # never the accepted edge's own digits
     shown = f"{shown} {unit}" if unit else shown
