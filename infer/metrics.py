@@ -187,6 +187,7 @@ def littles_law_holds(metrics: dict, concurrency: int, tolerance: float = LITTLE
     """Did the run keep `concurrency` requests in flight on average, within `tolerance` (relative)?"""
     return abs(littles_law_in_flight(metrics) / concurrency - 1) <= tolerance
 
+
 def _check_records(records) -> None:
     if records is None or len(records) == 0:
         raise ValueError("no request records: a benchmark needs at least one request")

@@ -42,12 +42,36 @@ def vllm_missing_reason(cuda: bool = False) -> str | None:
     return None
 
 
-def server_command(model: str | os.PathLike, served_name: str, port: int, *, dtype: str = "float32",
-                   max_model_len: int = 2048, extra: tuple[str, ...] = ()) -> list[str]:
+def server_command(
+    model: str | os.PathLike,
+    served_name: str,
+    port: int,
+    *,
+    dtype: str = "float32",
+    max_model_len: int = 2048,
+    extra: tuple[str, ...] = (),
+) -> list[str]:
     """vLLM's OpenAI-compatible server, on the loopback address only (its default host is every interface)."""
-    return [str(vllm_python()), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
-            "--served-model-name", served_name, "--host", LOOPBACK, "--port", str(port), "--dtype", dtype,
-            "--max-model-len", str(max_model_len), "--seed", "0", *extra]
+    return [
+        str(vllm_python()),
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        str(model),
+        "--served-model-name",
+        served_name,
+        "--host",
+        LOOPBACK,
+        "--port",
+        str(port),
+        "--dtype",
+        dtype,
+        "--max-model-len",
+        str(max_model_len),
+        "--seed",
+        "0",
+        *extra,
+    ]
 
 
 def vllm_environment() -> dict[str, str]:
@@ -55,8 +79,15 @@ def vllm_environment() -> dict[str, str]:
 
 
 @contextmanager
-def running_vllm_server(model: str | os.PathLike, served_name: str, log_path: str | os.PathLike, *,
-                        port: int | None = None, startup_timeout_s: float = 600.0, **kwargs):
+def running_vllm_server(
+    model: str | os.PathLike,
+    served_name: str,
+    log_path: str | os.PathLike,
+    *,
+    port: int | None = None,
+    startup_timeout_s: float = 600.0,
+    **kwargs,
+):
     """Start vLLM's server, wait until /health answers, yield its URL; stop it afterwards."""
     reason = vllm_missing_reason()
     if reason:
@@ -67,20 +98,69 @@ def running_vllm_server(model: str | os.PathLike, served_name: str, log_path: st
         yield url
 
 
-def bench_command(base_url: str, model: str, tokenizer: str | os.PathLike, *, num_prompts: int, input_len: int,
-                  output_len: int, max_concurrency: int | None = None, request_rate: float = float("inf"),
-                  burstiness: float = 1.0, result_dir: str | os.PathLike, result_filename: str,
-                  goodput: dict[str, float] | None = None, seed: int = 0) -> list[str]:
+def bench_command(
+    base_url: str,
+    model: str,
+    tokenizer: str | os.PathLike,
+    *,
+    num_prompts: int,
+    input_len: int,
+    output_len: int,
+    max_concurrency: int | None = None,
+    request_rate: float = float("inf"),
+    burstiness: float = 1.0,
+    result_dir: str | os.PathLike,
+    result_filename: str,
+    goodput: dict[str, float] | None = None,
+    seed: int = 0,
+) -> list[str]:
     """`vllm bench serve` (through the wrapper) with the course client's workload and settings."""
-    command = [str(vllm_python()), str(BENCH_WRAPPER), "serve", "--backend", "openai", "--base-url", base_url,
-               "--endpoint", "/v1/completions", "--model", model, "--tokenizer", str(tokenizer),
-               "--dataset-name", "random", "--random-input-len", str(input_len),
-               "--random-output-len", str(output_len), "--random-range-ratio", "0", "--ignore-eos",
-               "--temperature", "0", "--seed", str(seed), "--num-prompts", str(num_prompts),
-               "--request-rate", str(request_rate), "--burstiness", str(burstiness), "--num-warmups", "1",
-               "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,90,95,99",
-               "--save-result", "--result-dir", str(result_dir), "--result-filename", result_filename,
-               "--disable-tqdm"]
+    command = [
+        str(vllm_python()),
+        str(BENCH_WRAPPER),
+        "serve",
+        "--backend",
+        "openai",
+        "--base-url",
+        base_url,
+        "--endpoint",
+        "/v1/completions",
+        "--model",
+        model,
+        "--tokenizer",
+        str(tokenizer),
+        "--dataset-name",
+        "random",
+        "--random-input-len",
+        str(input_len),
+        "--random-output-len",
+        str(output_len),
+        "--random-range-ratio",
+        "0",
+        "--ignore-eos",
+        "--temperature",
+        "0",
+        "--seed",
+        str(seed),
+        "--num-prompts",
+        str(num_prompts),
+        "--request-rate",
+        str(request_rate),
+        "--burstiness",
+        str(burstiness),
+        "--num-warmups",
+        "1",
+        "--percentile-metrics",
+        "ttft,tpot,itl,e2el",
+        "--metric-percentiles",
+        "50,90,95,99",
+        "--save-result",
+        "--result-dir",
+        str(result_dir),
+        "--result-filename",
+        result_filename,
+        "--disable-tqdm",
+    ]
     if max_concurrency is not None:
         command += ["--max-concurrency", str(max_concurrency)]
     if goodput:
@@ -88,8 +168,15 @@ def bench_command(base_url: str, model: str, tokenizer: str | os.PathLike, *, nu
     return command
 
 
-def run_vllm_bench(base_url: str, model: str, tokenizer: str | os.PathLike, result_dir: str | os.PathLike,
-                   name: str, timeout_s: float = 900.0, **kwargs) -> dict:
+def run_vllm_bench(
+    base_url: str,
+    model: str,
+    tokenizer: str | os.PathLike,
+    result_dir: str | os.PathLike,
+    name: str,
+    timeout_s: float = 900.0,
+    **kwargs,
+) -> dict:
     """Run vLLM's benchmark client against `base_url` and return its result JSON."""
     reason = vllm_missing_reason()
     if reason:
@@ -115,13 +202,17 @@ def gpu_commands(model: str = GPU_MODEL, slo_ms: dict[str, float] | None = None)
     end-of-sequence token, and the run no longer measures the 64 output tokens it asks for."""
     slo_ms = slo_ms or {"ttft": 500, "tpot": 20}
     base_serve = f"vllm serve {model} --dtype bfloat16 --max-model-len 8192"  # the sweep adds each budget
-    bench = (f"vllm bench serve --backend openai-chat --endpoint /v1/chat/completions --model {model} "
-             f"--dataset-name random --random-input-len 2048 --random-output-len 64 --ignore-eos --num-prompts 200 "
-             f"--request-rate 8 --max-concurrency 16 --percentile-metrics ttft,tpot,itl,e2el "
-             f"--goodput {' '.join(f'{k}:{v:g}' for k, v in slo_ms.items())} --save-result")
+    bench = (
+        f"vllm bench serve --backend openai-chat --endpoint /v1/chat/completions --model {model} "
+        f"--dataset-name random --random-input-len 2048 --random-output-len 64 --ignore-eos --num-prompts 200 "
+        f"--request-rate 8 --max-concurrency 16 --percentile-metrics ttft,tpot,itl,e2el "
+        f"--goodput {' '.join(f'{k}:{v:g}' for k, v in slo_ms.items())} --save-result"
+    )
     budgets = json.dumps([{"max_num_batched_tokens": b} for b in BUDGET_GRID])
-    sweep = (f"echo '{budgets}' > budgets.json && vllm bench sweep serve "
-             f"--serve-cmd '{base_serve}' --bench-cmd '{bench}' --serve-params budgets.json -o results/sweep")
+    sweep = (
+        f"echo '{budgets}' > budgets.json && vllm bench sweep serve "
+        f"--serve-cmd '{base_serve}' --bench-cmd '{bench}' --serve-params budgets.json -o results/sweep"
+    )
     return {"serve": f"{base_serve} --max-num-batched-tokens 8192", "bench": bench, "sweep": sweep}
 
 
@@ -142,8 +233,10 @@ VLLM_MEMORY_MARGIN_BYTES = 2 * 2**30
 def vllm_grid_missing_reason(profile) -> str | None:
     """Why week 03 does not run vLLM's grid for `profile`, or None when it does."""
     if profile.name not in GRID_PROFILES:
-        return (f"the {profile.name} profile leaves vLLM's grid to a full {' or '.join(GRID_PROFILES)} run: its "
-                f"server's start-up alone takes 1-2 minutes")
+        return (
+            f"the {profile.name} profile leaves vLLM's grid to a full {' or '.join(GRID_PROFILES)} run: its "
+            f"server's start-up alone takes 1-2 minutes"
+        )
     return vllm_missing_reason(cuda=True)
 
 
@@ -151,14 +244,21 @@ def gpu_memory_share(free_bytes: int, total_bytes: int) -> float:
     """--gpu-memory-utilization for a vLLM started beside processes that already hold part of the card."""
     share = math.floor((free_bytes - VLLM_MEMORY_MARGIN_BYTES) / total_bytes * 100) / 100
     if share <= 0:
-        raise RuntimeError(f"only {free_bytes / 2**30:.1f} GiB of {total_bytes / 2**30:.1f} GiB are free on the GPU: "
-                           f"no room for vLLM beside the processes already on it")
+        raise RuntimeError(
+            f"only {free_bytes / 2**30:.1f} GiB of {total_bytes / 2**30:.1f} GiB are free on the GPU: "
+            f"no room for vLLM beside the processes already on it"
+        )
     return min(share, VLLM_MAX_MEMORY_SHARE)
 
 
-def vllm_commands(profile, model_id: str, result_dir: str = "results/vllm", port: int = 8000,
-                  num_warmups: int = 2,
-                  gpu_memory_utilization: float | None = None) -> tuple[list[str], list[list[str]]]:
+def vllm_commands(
+    profile,
+    model_id: str,
+    result_dir: str = "results/vllm",
+    port: int = 8000,
+    num_warmups: int = 2,
+    gpu_memory_utilization: float | None = None,
+) -> tuple[list[str], list[list[str]]]:
     """`vllm serve` and one `vllm bench serve` per grid cell, for the profile's grid and SLOs.
 
     The completions endpoint (`--backend openai`) sends the prompt as is: the chat endpoint
@@ -166,23 +266,71 @@ def vllm_commands(profile, model_id: str, result_dir: str = "results/vllm", port
     `--ignore-eos` and `--random-range-ratio 0` make every request exactly input/output long.
     `gpu_memory_utilization` (see gpu_memory_share) is left to vLLM's default when None."""
     grid, dtype = profile.grid, dtype_name(profile.dtype)
-    serve = ["vllm", "serve", model_id, "--dtype", dtype, "--port", str(port), "--seed", "0",
-             "--max-model-len", str(max(grid.input_lens) + max(grid.output_lens))]
+    serve = [
+        "vllm",
+        "serve",
+        model_id,
+        "--dtype",
+        dtype,
+        "--port",
+        str(port),
+        "--seed",
+        "0",
+        "--max-model-len",
+        str(max(grid.input_lens) + max(grid.output_lens)),
+    ]
     if gpu_memory_utilization is not None:
         serve += ["--gpu-memory-utilization", f"{gpu_memory_utilization:.2f}"]
     benches = []
     for input_len, output_len, concurrency in grid.cells():
-        benches.append([
-            "vllm", "bench", "serve", "--backend", "openai", "--base-url", f"http://127.0.0.1:{port}",
-            "--endpoint", "/v1/completions", "--model", model_id,
-            "--dataset-name", "random", "--random-input-len", str(input_len), "--random-output-len", str(output_len),
-            "--random-range-ratio", "0", "--ignore-eos", "--temperature", "0", "--seed", "0",
-            "--num-prompts", str(grid.num_prompts), "--request-rate", "inf", "--max-concurrency", str(concurrency),
-            "--num-warmups", str(num_warmups),
-            "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", VLLM_PERCENTILES,
-            "--goodput", f"ttft:{profile.slo.ttft_ms:g}", f"tpot:{profile.slo.tpot_ms:g}",
-            "--save-result", "--result-dir", result_dir,
-            "--result-filename", f"vllm_in{input_len}_out{output_len}_c{concurrency}.json"])
+        benches.append(
+            [
+                "vllm",
+                "bench",
+                "serve",
+                "--backend",
+                "openai",
+                "--base-url",
+                f"http://127.0.0.1:{port}",
+                "--endpoint",
+                "/v1/completions",
+                "--model",
+                model_id,
+                "--dataset-name",
+                "random",
+                "--random-input-len",
+                str(input_len),
+                "--random-output-len",
+                str(output_len),
+                "--random-range-ratio",
+                "0",
+                "--ignore-eos",
+                "--temperature",
+                "0",
+                "--seed",
+                "0",
+                "--num-prompts",
+                str(grid.num_prompts),
+                "--request-rate",
+                "inf",
+                "--max-concurrency",
+                str(concurrency),
+                "--num-warmups",
+                str(num_warmups),
+                "--percentile-metrics",
+                "ttft,tpot,itl,e2el",
+                "--metric-percentiles",
+                VLLM_PERCENTILES,
+                "--goodput",
+                f"ttft:{profile.slo.ttft_ms:g}",
+                f"tpot:{profile.slo.tpot_ms:g}",
+                "--save-result",
+                "--result-dir",
+                result_dir,
+                "--result-filename",
+                f"vllm_in{input_len}_out{output_len}_c{concurrency}.json",
+            ]
+        )
     return serve, benches
 
 
@@ -193,8 +341,9 @@ def vllm_executable() -> str | None:
     return str(in_venv) if in_venv.exists() else shutil.which("vllm")
 
 
-def run_vllm_grid(profile, model_id: str, result_dir: str = "results/vllm", port: int = 8000,
-                  startup_timeout_s: float = 900.0) -> list[str]:
+def run_vllm_grid(
+    profile, model_id: str, result_dir: str = "results/vllm", port: int = 8000, startup_timeout_s: float = 900.0
+) -> list[str]:
     """Start `vllm serve`, wait until it answers /health, run every `vllm bench serve` of the grid,
     stop the server. Returns the result files. The server's log goes to <result_dir>/server.log:
     keep it, it shows the KV cache size and any preemption.
