@@ -308,7 +308,7 @@ def main(argv: list[str] | None = None) -> dict:
     with cpu_threads(1 if profile.device == "cpu" else None):
         pressure = pressure_sweep(lm, PRESSURE_LEVELS, num_kv_blocks=PRESSURE_BLOCKS, rounds=args.rounds)
         knee = requests_that_fit(PRESSURE_BLOCKS, 16, 128 + 64)
-        save_figure(plot_pressure(pressure, knee), f"08_pressure_{profile.name}", provenance(lm))
+        save_figure(plot_pressure(pressure, knee), "08_pressure", provenance(lm))
         results = {
             "pressure": {"rows": pressure, "knee_concurrency": knee, "num_kv_blocks": PRESSURE_BLOCKS},
             "waste": reservation_waste([len(p) + n for p, n in zip(varied.prompts, varied.output_lens)], 1024),
