@@ -264,3 +264,12 @@ def test_a_rejected_fraction_is_printed_whole():
     assert "got 131072.5:" in line, line
     bytes_key = sealed_key("99.q6", {"kind": "number", "unit": "bytes", "tolerance": 0.01}, 131072.0)
     assert "got 0.000131072 (GB?)" in grade_answer("99.q6", 0.000131072, bytes_key).line
+
+
+@pytest.mark.parametrize("value", [50.0, 50.00000000000001, 49.99999999999999, 0.2 / 4 * 1e3])
+def test_both_edges_of_a_tolerance_pass_whatever_float_the_key_holds(value):
+    key = sealed_key("99.q7", {"kind": "number", "unit": "ms", "tolerance": 0.01}, value)
+    for edge in (50 * 1.01, 50 * 0.99, 50.5, 49.5, 50 + 0.5, 50 - 0.5):
+        assert grade_answer("99.q7", edge, key).ok, (value, edge)
+    for outside in (50.5001, 49.4999):
+        assert not grade_answer("99.q7", outside, key).ok, (value, outside)
