@@ -9,8 +9,8 @@ LAB02_MISTAKES = {
     "q2": 'answer_q2 = "q, k and v"',
     "q3": "answer_q3 = 32 * 8 * 128 * 2  # forgot that V is cached too",
     "q4": "answer_q4 = 2 * 24 * 2 * 64 * 2 * 32_768  # bytes, not GB",
-    "q5": "answer_q5 = 2 / 12",
-    "q6": "answer_q6 = (48e9 - 1_543_714_304 * 2 - 2e9) / (2 * 28 * 2 * 128 * 2) / 8192  # did not round down",
+    "q5": "answer_q5 = 8 / 64  # upside down",
+    "q6": "answer_q6 = int((48e9 - 1_543_714_304 * 2 - 2e9) // (2 * 28 * 2 * 128 * 2)) // 8192  # the whole card, not u = 0.9 of it",
     "cached-loop": """    prompt = prompt_ids.reshape(-1)
     n = prompt.shape[0]
     logits = model(prompt, torch.arange(n), cache)
