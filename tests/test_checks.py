@@ -273,3 +273,13 @@ def test_both_edges_of_a_tolerance_pass_whatever_float_the_key_holds(value):
         assert grade_answer("99.q7", edge, key).ok, (value, edge)
     for outside in (50.5001, 49.4999):
         assert not grade_answer("99.q7", outside, key).ok, (value, outside)
+
+
+def test_a_refused_call_is_named_even_when_it_raises():
+    from infer.metrics import request_latencies_ms
+
+    def borrows_and_breaks(x):
+        return request_latencies_ms(None)
+
+    line = grade_function("99.f", borrows_and_breaks, _double, _cases(), close_to(), "", [request_latencies_ms]).line
+    assert "calls the course library's own infer.metrics.request_latencies_ms" in line, line

@@ -436,9 +436,11 @@ def grade_function(
         try:
             with LibraryCalls(reference, *forbidden) as calls:
                 got = fn(*case.args, **kwargs)
-        except NotImplementedError as exc:
-            return Verdict(qid, False, f"not implemented yet ({exc})" if str(exc) else "not implemented yet")
         except Exception as exc:  # the student's bug, reported as one line rather than a traceback
+            if calls.seen:  # it raised inside a library function it had no business calling: say that
+                return library_call_verdict(qid, calls.seen)
+            if isinstance(exc, NotImplementedError):
+                return Verdict(qid, False, f"not implemented yet ({exc})" if str(exc) else "not implemented yet")
             return Verdict(qid, False, f"on {case.description}, raised {type(exc).__name__}: {exc}")
         if calls.seen:
             return library_call_verdict(qid, calls.seen)
