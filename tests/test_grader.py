@@ -335,10 +335,11 @@ def test_gradebook_files(graded_02):
     key = key_02()
     with open(folder / "gradebook.csv", newline="", encoding="utf-8") as f:
         table = list(csv.reader(f))
-    assert table[0] == ["student", "score", "max_score", "status", *[c.check_id for c in key.checks]]
+    assert table[0] == ["student", "score", "max_score", "status", "seconds", *[c.check_id for c in key.checks]]
     by_student = {row[0]: row for row in table[1:]}
     assert set(by_student) == set(rows)
     assert by_student["correct"][1:4] == [str(key.max_score), str(key.max_score), GRADED]
+    assert 0 < float(by_student["correct"][4]) < CORPUS_LIMITS.notebook_s, "the time the notebook took"
     assert by_student["kernel_death"][3] == KERNEL_DIED
     book = json.loads((folder / "gradebook.json").read_text(encoding="utf-8"))
     assert [c["id"] for c in book["checks"]] == [c.check_id for c in key.checks]
@@ -363,3 +364,155 @@ def test_bad_lab_number_is_refused(tmp_path, capsys):
         grade_folder("99", tmp_path)
     assert main(["02", str(tmp_path / "nowhere")]) == 2
     assert "SUBMISSIONS must be a folder" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------- the sandbox, unseen cases, time
+
+
+SANDBOX_LIMITS = Limits(cell_s=300, notebook_s=900, memory_bytes=3 * 2**30)  # 3 GiB: an honest lab 01 needs ~1
+
+
+def _hostile(base, source: str):
+    notebook = copy.deepcopy(base)
+    cell(notebook, "q1").source = source + '\nanswer_q1 = "prefill"\ncheck_answer("01.q1", answer_q1)'
+    return notebook
+
+
+@pytest.fixture(scope="module")
+def sandboxed_01(tmp_path_factory):
+    """Lab 01 graded with hostile neighbours: each tries one thing the sandbox forbids in its q1 cell
+    (so q1 is all it can lose), beside an honest notebook, a hard-coded one, and stray files."""
+    import os
+    import socket
+    import threading
+
+    from infer.course.exercises.week01 import grade_intensity
+
+    folder = tmp_path_factory.mktemp("submissions_01")
+    home = tmp_path_factory.mktemp("instructor_home")
+    (home / "secret.txt").write_text("the instructor's own file\n")
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    listener.settimeout(0.5)
+    connections = []
+
+    def accept():
+        while not stopped.is_set():
+            try:
+                connections.append(listener.accept())
+            except TimeoutError:
+                continue
+
+    stopped = threading.Event()
+    threading.Thread(target=accept, daemon=True).start()
+
+    _, solution = find_lab("01")
+    base = solved(solution)
+    honest = copy.deepcopy(base)
+    position = honest.cells.index(cell(honest, "setup"))
+    honest.cells.insert(
+        position + 1,
+        nbformat.v4.new_code_cell("import os\nprint('seen: threads', torch.get_num_threads(), 'home', os.environ['HOME'])"),
+    )
+    nbformat.write(honest, folder / "honest.ipynb")
+    (folder / "honest.pdf").write_text("the same work, printed\n")
+    (folder / "notes.txt").write_text("no notebook here\n")
+    hostile = {
+        "socket": f"import socket\nsocket.create_connection(('127.0.0.1', {listener.getsockname()[1]}), timeout=5)",
+        "neighbour": f"print(open({str(folder / 'honest.ipynb')!r}).read()[:100])",
+        "home": f"print(open({str(home / 'secret.txt')!r}).read())",
+        "environment": "import os\nprint(os.environ['INSTRUCTOR_TOKEN'])",
+        "memory": (
+            "import resource, torch\n"
+            "assert resource.getrlimit(resource.RLIMIT_AS)[0] != resource.RLIM_INFINITY, 'no memory limit'\n"
+            "blocks = [torch.ones(2**28) for _ in range(50)]  # 50 GiB, touched"
+        ),
+    }
+    for name, source in hostile.items():
+        nbformat.write(_hostile(base, source), folder / f"{name}.ipynb")
+
+    visible = {}
+
+    def recorder(m, k, n, b):  # what a student sees at home, to hard-code
+        visible[m, k, n, b] = 2 * m * k * n / (b * (m * k + k * n + m * n))
+        return visible[m, k, n, b]
+
+    assert grade_intensity(recorder).ok
+    hard = copy.deepcopy(base)
+    cell(hard, "intensity").source = (
+        f"TABLE = {visible!r}\n\ndef matmul_arithmetic_intensity(m, k, n, bytes_per_element):\n"
+        "    return TABLE.get((m, k, n, bytes_per_element), 0.0)"
+    )
+    nbformat.write(hard, folder / "hard_coded.ipynb")
+    at_home = grade_intensity(lambda m, k, n, b: visible.get((m, k, n, b), 0.0))
+
+    old_home, os.environ["HOME"] = os.environ.get("HOME"), str(home)
+    os.environ["INSTRUCTOR_TOKEN"] = "do not leak"
+    try:
+        results = grade_folder("01", folder, jobs=2, limits=SANDBOX_LIMITS, progress=False)
+    finally:
+        os.environ.pop("INSTRUCTOR_TOKEN")
+        os.environ["HOME"] = old_home
+        stopped.set()
+    return folder, {r.student: r for r in results}, connections, at_home
+
+
+def test_each_hostile_submission_gets_its_row_with_a_reason_and_the_others_grade(sandboxed_01):
+    from infer.course.sandbox import choose_mode, default_hidden, default_shown
+
+    folder, rows, connections, _ = sandboxed_01
+    key = load_key(*find_lab("01"))
+    assert rows["honest"].score == key.max_score, [c.reason for c in rows["honest"].checks if c.reason]
+    reasons = {
+        "socket": "ConnectionRefusedError",
+        "neighbour": "FileNotFoundError",
+        "home": "FileNotFoundError",
+        "environment": "KeyError: 'INSTRUCTOR_TOKEN'",
+        "memory": "can't allocate memory",
+    }
+    if choose_mode(default_hidden(folder), default_shown())[0] == "plain":
+        pytest.skip("no namespaces on this machine: the grader runs without a sandbox, and says so")
+    for name, error in reasons.items():
+        row = rows[name]
+        assert row.status == GRADED and "cell 'q1' raised" in row.reason and error in row.reason, (name, row.reason)
+        assert_only_lost(row, {"01.q1"})
+    assert connections == [], "a kernel reached a server on the grader's loopback"
+
+
+def test_the_sandbox_is_named_in_the_gradebook(sandboxed_01):
+    folder, *_ = sandboxed_01
+    book = json.loads((folder / "gradebook.json").read_text(encoding="utf-8"))
+    assert book["sandbox"].startswith("sandbox: ") and book["grading_salt"]
+    assert book["kernel"]["skipped_cells"] == {"measure": "it only measures: nothing in it is checked"}
+
+
+def test_a_hard_coded_answer_passes_at_home_and_fails_under_the_grader(sandboxed_01):
+    _, rows, _, at_home = sandboxed_01
+    assert at_home.ok, at_home.line
+    row = rows["hard_coded"]
+    assert_only_lost(row, {"01.lab.intensity"})
+    assert "got 0, expected" in reason(row, "01.lab.intensity")
+
+
+def test_threads_home_and_skipped_cells(sandboxed_01):
+    import os
+
+    from infer.course.grader import default_threads
+
+    folder, rows, _, _ = sandboxed_01
+    ran = nbformat.read(folder / "graded" / "honest.ipynb", as_version=4)
+    printed = next(o.text for c in ran.cells for o in c.get("outputs", []) if "seen: threads" in o.get("text", ""))
+    threads, home = printed.split()[2], printed.split()[4]
+    assert int(threads) == default_threads(2) == max(1, (os.cpu_count() or 1) // 2)
+    assert "instructor_home" not in home and Path(home).name.startswith("s")  # the kernel's own folder
+    measure = next(c for c in ran.cells if c.metadata["grader"].get("cell_id") == "measure")
+    assert measure.metadata["grader"]["role"] == "skipped" and not measure.get("outputs")
+    assert 0 < rows["honest"].seconds < SANDBOX_LIMITS.notebook_s
+
+
+def test_a_students_other_files_are_named_in_their_one_row(sandboxed_01):
+    _, rows, _, _ = sandboxed_01
+    assert "honest.pdf" in rows["honest"].reason and rows["honest"].also_handed_in == ["honest.pdf"]
+    assert rows["notes"].status == NOT_A_NOTEBOOK and "notes.txt is not a .ipynb file" in rows["notes"].reason
+    assert "honest" in rows and len([r for r in rows.values() if r.student == "honest"]) == 1

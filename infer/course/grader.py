@@ -20,18 +20,30 @@ check must print. For each student the grader assembles a notebook in the lab's 
   unmarked check cell is graded anyway, and a line the student saved counts for nothing;
 - before the trusted part, the course's check modules are dropped from `sys.modules` and imported
   afresh, so that a student who redefines `check_answer`, `Verdict` or anything else in
-  `infer.course` (in the notebook or in the module) does not pass. This is not a sandbox: code
-  that patches torch, the library or the interpreter itself can still fool a check, and is for the
+  `infer.course` (in the notebook or in the module) does not pass. Code that patches torch, the
+  library or the interpreter inside its own kernel can still fool a check there, and is for the
   instructor to read in graded/.
 A check earns its points (`grade.points` in the solution cell's metadata, default 1; its id is
 `grade.id`, or the qid its line prints, such as 02.q3) when its cell prints exactly the
 expected line.
 
-Each submission runs in a fresh kernel, in a temporary folder (figures and results go there too),
-with a time limit per cell and per notebook; a student's error does not stop the run. A cell that
-times out or a kernel that dies ends that student's run: the checks not yet run earn nothing, and
-the status and reasons say why. A file that is not JSON, not a notebook or not .ipynb gets a row
-with its reason; the others are still graded, in parallel with -j.
+Each submission runs in a fresh kernel, in a folder of its own holding only its notebook (figures
+and results go there too), with a time limit per cell and per notebook; a student's error does not
+stop the run, and is named in the row's reason. A cell that times out or a kernel that dies ends
+that student's run: the checks not yet run earn nothing, and the status and reasons say why. Only
+`.ipynb` files are graded: a student's other files (alice.pdf beside alice.ipynb) are named in
+that student's one row, and a student with no notebook gets a row saying so. The others are still
+graded, in parallel with -j.
+
+The sandbox (infer.course.sandbox, as far as this machine allows; the grader prints one line
+saying what it got): the kernel starts with an environment built from nothing (HOME is its own
+folder), without network but its own loopback, unable to see the homes, /tmp, the other
+submissions or the solutions, with memory, CPU-time and file-size limits of its own, and with
+cores / jobs threads (so that parallel kernels do not fight over the cores). The checks build
+their own models and inputs; at grading they also run cases no student saw (a salt, new for each
+run and written into gradebook.json, seeds them: infer.course.checks.case_rngs), so code written
+to the cases a student saw at home fails. Cells the solution marks `"grade": {"skip": why}` only
+measure: they are not run at grading, so that time never costs a point.
 
 Why not nbval for this. nbval stays the engine of record for the lectures and solutions (`make
 test`), but it cannot grade: it compares a notebook with the outputs stored in that same notebook
@@ -47,6 +59,8 @@ import csv
 import json
 import os
 import re
+import secrets
+import shutil
 import sys
 import tempfile
 import time
@@ -56,15 +70,21 @@ from multiprocessing import get_context
 from pathlib import Path
 
 import nbformat
+from jupyter_client import AsyncKernelManager
 from nbclient import NotebookClient
 from nbclient.exceptions import CellTimeoutError, DeadKernelError
 from tqdm import tqdm
 
+from infer.course import sandbox
+from infer.course.checks import GRADING_SALT_ENV
 from infer.course.labgen import CHECK_MARK, END
 from infer.paths import REPO_ROOT
 
 GRADEBOOK_CSV, GRADEBOOK_JSON, GRADED_DIR = "gradebook.csv", "gradebook.json", "graded"
 CELL_TIMEOUT_S, NOTEBOOK_TIMEOUT_S = 300, 1200
+MIN_KERNEL_MEMORY = 4 * 2**30  # an honest lab's kernel peaks near 1 GiB of address space on the CPU profile
+FILE_SIZE_LIMIT = 2 * 2**30
+PASSED_THROUGH = ("INFER_PROFILE", "INFER_WEIGHTS", "CUDA_VISIBLE_DEVICES", "HF_HOME")  # the course's, not secrets
 QID_IN_LINE = re.compile(r"^(?:✅|❌)\s+([^\s:]+)")
 COURSE_PACKAGE = "infer.course"
 
@@ -91,6 +111,7 @@ class LabCell:
     cell_id: str
     lab_source: str  # as the lab ships it: the stand-in for a deleted cell
     check: Check | None = None
+    skip: str = ""  # why the cell is not run at grading (the solution's grade.skip): it only measures
 
 
 @dataclass(frozen=True)
@@ -125,7 +146,9 @@ class SubmissionResult:
     reason: str = ""
     score: float = 0
     max_score: float = 0
-    seconds: float = 0
+    seconds: float = 0  # from the submission's start to its last cell, kernel start included
+    cell_errors: list[str] = field(default_factory=list)  # what the student's own cells raised
+    also_handed_in: list[str] = field(default_factory=list)  # the student's other files, not graded
     checks: list[CheckResult] = field(default_factory=list)
 
 
@@ -204,7 +227,10 @@ def load_key(lab_path: Path, solution_path: Path) -> GradingKey:
                     "give one a grade.id in its cell metadata"
                 )
             seen_ids.add(check.check_id)
-        cells.append(LabCell(lab_cell.id, lab_cell.source, check))
+        skip = solution_cell.metadata.get("grade", {}).get("skip", "")
+        if skip and check:
+            raise GradingKeyError(f"{solution_path.name}, cell {lab_cell.id!r}: a check cell cannot be skipped")
+        cells.append(LabCell(lab_cell.id, lab_cell.source, check, skip))
     if not seen_ids:
         raise GradingKeyError(f"{solution_path.name} has no check cell ({CHECK_MARK})")
     return GradingKey(solution_path.stem, tuple(cells), course_imports(solution))
@@ -234,8 +260,10 @@ def _check_from(cell, notebook_name: str) -> Check:
 # ---------------------------------------------------------------- one submission's notebook
 
 
-def fresh_import_source(trusted: str, fresh_imports: dict) -> str:
-    """Code that re-imports the course's check modules and rebinds the names `trusted` uses."""
+def fresh_import_source(trusted: str, fresh_imports: dict, salt: str | None = None) -> str:
+    """Code that re-imports the course's check modules and rebinds the names `trusted` uses; with
+    a `salt`, it first sets the seed of the cases no student saw (checks.case_rngs), right before
+    the check, where the student's code cannot change it."""
     try:
         used = {node.id for node in ast.walk(ast.parse(trusted)) if isinstance(node, ast.Name)}
     except SyntaxError:  # IPython syntax (a magic): rebind every course name rather than guess
@@ -249,12 +277,15 @@ def fresh_import_source(trusted: str, fresh_imports: dict) -> str:
         f"or m.startswith({COURSE_PACKAGE + '.'!r})]:",
         "    del _grader_sys.modules[_grader_module]",
     ]
+    if salt:
+        lines += ["import os as _grader_os", f"_grader_os.environ[{GRADING_SALT_ENV!r}] = {salt!r}"]
     lines += [f"from {fresh_imports[name]} import {name}" for name in needed]
     return "\n".join(lines)
 
 
-def assemble(key: GradingKey, submission) -> tuple[nbformat.NotebookNode, int]:
-    """The notebook to run for one submission, and how many lab cells it supplied."""
+def assemble(key: GradingKey, submission, salt: str | None = None) -> tuple[nbformat.NotebookNode, int]:
+    """The notebook to run for one submission, and how many lab cells it supplied. With a `salt`,
+    each check also runs cases that no student saw (see fresh_import_source)."""
     lab_ids = {cell.cell_id for cell in key.cells}
     student_cells, added_after, anchor = {}, {}, None
     for cell in submission.cells:
@@ -278,11 +309,13 @@ def assemble(key: GradingKey, submission) -> tuple[nbformat.NotebookNode, int]:
         source = student_cells.get(lab_cell.cell_id, lab_cell.lab_source)
         origin = "student" if lab_cell.cell_id in student_cells else "lab, deleted by the student"
         check = lab_cell.check
-        if check is None:
+        if lab_cell.skip:
+            add(source, "skipped", cell_id=lab_cell.cell_id, why=lab_cell.skip)
+        elif check is None:
             add(source, origin, cell_id=lab_cell.cell_id)
         else:
             add(student_part(source, check.trusted_source), origin, cell_id=lab_cell.cell_id)
-            preamble = fresh_import_source(check.trusted_source, key.fresh_imports)
+            preamble = fresh_import_source(check.trusted_source, key.fresh_imports, salt)
             checked = "\n".join(part for part in (f"# {CHECK_MARK}", preamble, check.trusted_source) if part)
             cells.append(
                 nbformat.v4.new_code_cell(
@@ -312,6 +345,67 @@ def assemble(key: GradingKey, submission) -> tuple[nbformat.NotebookNode, int]:
 class Limits:
     cell_s: float = CELL_TIMEOUT_S
     notebook_s: float = NOTEBOOK_TIMEOUT_S
+    memory_bytes: int | None = None  # per kernel; None: default_memory(jobs)
+    threads: int | None = None  # per kernel; None: the cores divided among the jobs
+
+
+@dataclass(frozen=True)
+class Session:
+    """What one grading run's submissions share: the sandbox, the seed of unseen cases, the
+    limits each kernel gets, and the folder that holds each submission's own folder."""
+
+    mode: str  # infer.course.sandbox's mode: "nobody", "userns" or "plain"
+    sandbox_line: str  # what the grader prints about it
+    root: str
+    salt: str | None = None
+    hide: tuple[str, ...] = ()
+    show: tuple[str, ...] = ()
+    threads: int = 1
+    memory_bytes: int = MIN_KERNEL_MEMORY
+    memory_limit: str = "address space"
+
+
+def default_threads(jobs: int) -> int:
+    """Each kernel's share of the cores: torch's default (one thread per core in every kernel)
+    oversubscribes them as soon as two kernels run, and a small model's steps then wait on each
+    other's threads (lab 02's race ran 15 to 45 times slower with two kernels on two cores)."""
+    return max(1, (os.cpu_count() or 1) // max(1, jobs))
+
+
+def gpu_machine() -> bool:
+    return Path("/dev/nvidia0").exists() or shutil.which("nvidia-smi") is not None
+
+
+def default_memory(jobs: int) -> int:
+    """Each kernel's share of three quarters of the machine's memory, at least MIN_KERNEL_MEMORY."""
+    try:
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError):
+        return MIN_KERNEL_MEMORY
+    return max(MIN_KERNEL_MEMORY, int(0.75 * total / max(1, jobs)))
+
+
+def open_session(folder: Path, jobs: int, limits: Limits, salt: str | None, root: Path) -> Session:
+    """Choose the sandbox (the strongest mode this machine allows) and the per-kernel limits."""
+    hide = sandbox.default_hidden(folder)
+    show = sandbox.default_shown()
+    mode, why_not = sandbox.choose_mode(hide, show)
+    return Session(
+        mode=mode,
+        sandbox_line=sandbox.describe(mode, why_not),
+        root=str(root),
+        salt=salt,
+        hide=hide,
+        show=show,
+        threads=limits.threads or default_threads(jobs),
+        memory_bytes=limits.memory_bytes or default_memory(jobs),
+        memory_limit="data" if gpu_machine() else "address space",
+    )
+
+
+def plain_session(root: Path) -> Session:
+    """No namespaces: for running a notebook without a grading run around it (tests, tools)."""
+    return Session(mode="plain", sandbox_line=sandbox.describe("plain", "not asked for"), root=str(root))
 
 
 def read_submission(path: Path):
@@ -330,19 +424,66 @@ def read_submission(path: Path):
         return NOT_A_NOTEBOOK, f"{path.name} is not a readable notebook ({type(error).__name__}: {error})"
 
 
-def run_cells(notebook, workdir: Path, limits: Limits) -> tuple[str, str]:
-    """Execute the notebook's cells in a fresh kernel: (status, reason), outputs stored in place."""
+class SandboxedKernelManager(AsyncKernelManager):
+    """jupyter_client's kernel manager, starting the kernel through infer.course.sandbox's
+    launcher (`launcher`: its command prefix) and talking to it over Unix sockets in the kernel's
+    own folder, which need no network: the kernel may live in a network namespace of its own."""
+
+    launcher: list[str] = []
+
+    def format_kernel_cmd(self, extra_arguments: list[str] | None = None) -> list[str]:
+        return self.launcher + super().format_kernel_cmd(extra_arguments)
+
+
+def kernel_env(workdir: Path, session: Session) -> dict[str, str]:
+    threads = str(session.threads)
+    extra = {name: os.environ[name] for name in PASSED_THROUGH if name in os.environ}
+    extra |= {
+        "INFER_FIGURES_DIR": str(workdir / "figures"),
+        "INFER_RESULTS_DIR": str(workdir / "results"),
+        **{name: threads for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")},
+    }
+    return sandbox.minimal_env(workdir, extra)
+
+
+def _kernel_manager(workdir: Path, session: Session, limits: Limits) -> SandboxedKernelManager:
+    connection_file = workdir / "kernel.json"
+    plan = sandbox.Plan(
+        mode=session.mode,
+        workdir=str(workdir),
+        hide=session.hide + (session.root,),
+        show=session.show,
+        memory_bytes=session.memory_bytes,
+        memory_limit=session.memory_limit,
+        cpu_seconds=int(limits.notebook_s * session.threads) + 60,
+        file_bytes=FILE_SIZE_LIMIT,
+        chown=(str(connection_file),) if session.mode == "nobody" else (),
+    ).write(workdir / "sandbox.json")
+    manager = SandboxedKernelManager(kernel_name="python3", transport="ipc", ip=str(workdir / "ipc"))
+    manager.connection_file = str(connection_file)
+    manager.launcher = sandbox.launcher_command(plan)
+    return manager
+
+
+def run_cells(notebook, workdir: Path, limits: Limits, session: Session | None = None) -> tuple[str, str]:
+    """Execute the notebook's cells in a fresh kernel in `workdir`, sandboxed as `session` says
+    (plain without one): (status, reason), outputs stored in place. Cells marked skipped are not run."""
+    session = session or plain_session(workdir)
+    if session.mode == "nobody":
+        os.chown(workdir, sandbox.NOBODY_UID, sandbox.NOBODY_GID)
     client = NotebookClient(
         notebook,
+        km=_kernel_manager(workdir, session, limits),
         kernel_name="python3",
         allow_errors=True,
         shutdown_kernel="immediate",
         resources={"metadata": {"path": str(workdir)}},
     )
-    env = os.environ | {"INFER_FIGURES_DIR": str(workdir / "figures"), "INFER_RESULTS_DIR": str(workdir / "results")}
-    with client.setup_kernel(env=env):
+    with client.setup_kernel(env=kernel_env(workdir, session), cleanup_kc=True):  # our km: shut it down too
         deadline = time.monotonic() + limits.notebook_s  # from a started kernel: its start is not the student's
         for index, cell in enumerate(notebook.cells):
+            if cell.metadata.get("grader", {}).get("role") == "skipped":
+                continue
             where = _describe(cell)
             left = deadline - time.monotonic()
             if left <= 0:
@@ -356,7 +497,9 @@ def run_cells(notebook, workdir: Path, limits: Limits) -> tuple[str, str]:
                 ) + f" ({client.timeout} s)"
                 return TIMED_OUT, f"{where} ran past {limit}"
             except DeadKernelError:
-                return KERNEL_DIED, f"the kernel died in {where}"
+                note = workdir / sandbox.EXIT_NOTE
+                why = f" ({note.read_text()})" if note.exists() else ""
+                return KERNEL_DIED, f"the kernel died in {where}{why}"
     return GRADED, ""
 
 
@@ -402,26 +545,60 @@ def _why_not(cell, line: str, expected: str) -> str:
     return f"printed {line!r}, expected {expected!r}"
 
 
-def grade_submission(path: Path, key: GradingKey, limits: Limits, graded_dir: Path | None = None) -> SubmissionResult:
+def student_errors(notebook) -> list[str]:
+    """One line for each of the student's own cells that raised (checks and skipped cells aside)."""
+    errors = []
+    for cell in notebook.cells:
+        if cell.metadata["grader"]["role"] in ("check", "skipped"):
+            continue
+        for output in cell.get("outputs", []):
+            if output.get("output_type") == "error":
+                value = (output.get("evalue") or "").strip().splitlines()
+                errors.append(f"{_describe(cell)} raised {output.get('ename')}: {value[0][:160] if value else ''}")
+    return errors
+
+
+def grade_submission(
+    path: Path,
+    key: GradingKey,
+    limits: Limits,
+    graded_dir: Path | None = None,
+    session: Session | None = None,
+    also: tuple[str, ...] = (),
+) -> SubmissionResult:
+    """Grade one notebook in a folder of its own under the session's root; `also`: the student's
+    other files in the submissions folder, named in the row (only .ipynb files are graded)."""
     started = time.perf_counter()
-    result = SubmissionResult(path.stem, path.name, GRADED, max_score=key.max_score)
+    result = SubmissionResult(path.stem, path.name, GRADED, max_score=key.max_score, also_handed_in=list(also))
+    handed_in = f"also handed in, not graded (only .ipynb files are): {', '.join(also)}" if also else ""
     submission = read_submission(path)
     if isinstance(submission, tuple):
         result.status, result.reason = submission
+        result.reason = "; ".join(r for r in (result.reason, handed_in) if r)
         result.checks = [CheckResult(c.check_id, c.points, reason="not graded: " + result.reason) for c in key.checks]
         return result
-    notebook, matched = assemble(key, submission)
-    if matched == 0:
-        result.reason = (
-            "no cell id matches the lab's: was this notebook started from the lab? (every cell is the lab's)"
-        )
+    notebook, matched = assemble(key, submission, session.salt if session else None)
+    no_match = (
+        "no cell id matches the lab's: was this notebook started from the lab? (every cell is the lab's)"
+        if matched == 0
+        else ""
+    )
+    root = Path(session.root) if session else None
     try:
-        with tempfile.TemporaryDirectory(prefix=f"grade-{path.stem}-") as workdir:
-            status, stopped = run_cells(notebook, Path(workdir), limits)
+        with tempfile.TemporaryDirectory(prefix="s", dir=root) as workdir:  # short: Unix socket paths are
+            nbformat.write(notebook, Path(workdir) / path.name)  # its only notebook: the one that runs
+            status, stopped = run_cells(notebook, Path(workdir), limits, session)
     except Exception as error:  # the kernel would not start, ...: this student only
         status, stopped = GRADER_ERROR, f"the grader could not run the notebook ({type(error).__name__}: {error})"
     result.status = status
-    result.reason = "; ".join(r for r in (stopped, result.reason) if r)
+    result.cell_errors = student_errors(notebook)
+    errors = ""
+    if result.cell_errors:
+        more = len(result.cell_errors) - 2
+        errors = (
+            "in the student's cells: " + "; ".join(result.cell_errors[:2]) + (f" (+{more} more)" if more > 0 else "")
+        )
+    result.reason = "; ".join(r for r in (stopped, no_match, errors, handed_in) if r)
     result.checks = score_checks(key, notebook, stopped)
     result.score = sum(c.earned for c in result.checks)
     result.seconds = round(time.perf_counter() - started, 1)
@@ -433,14 +610,32 @@ def grade_submission(path: Path, key: GradingKey, limits: Limits, graded_dir: Pa
 # ---------------------------------------------------------------- a folder, a gradebook
 
 
-def submission_files(folder: Path) -> list[Path]:
+def submission_files(folder: Path) -> list[tuple[Path, tuple[str, ...]]]:
+    """(the file to grade, the student's other files) for each student, by file stem: a student's
+    `<stem>.ipynb` when there is one, else the first of their files (graded as not a notebook)."""
     written = {GRADEBOOK_CSV, GRADEBOOK_JSON}
-    return sorted(p for p in folder.iterdir() if p.is_file() and not p.name.startswith(".") and p.name not in written)
+    files = sorted(p for p in folder.iterdir() if p.is_file() and not p.name.startswith(".") and p.name not in written)
+    by_student: dict[str, list[Path]] = {}
+    for path in files:
+        by_student.setdefault(path.stem, []).append(path)
+    chosen = []
+    for paths in by_student.values():
+        graded = next((p for p in paths if p.suffix == ".ipynb"), paths[0])
+        chosen.append((graded, tuple(p.name for p in paths if p != graded)))
+    return chosen
 
 
 def grade_folder(
-    number: str, folder: Path, jobs: int = 1, limits: Limits = Limits(), root: Path = REPO_ROOT, progress: bool = True
+    number: str,
+    folder: Path,
+    jobs: int = 1,
+    limits: Limits = Limits(),
+    root: Path = REPO_ROOT,
+    progress: bool = True,
+    salt: str | None = None,
 ) -> list[SubmissionResult]:
+    """Grade every submission in `folder` and write the gradebook there. `salt` seeds the cases no
+    student saw (a new one each run unless given, so that a run can be repeated exactly)."""
     folder = Path(folder)
     if not folder.is_dir():
         raise ValueError(f"SUBMISSIONS must be a folder, got {folder}")
@@ -449,15 +644,27 @@ def grade_folder(
     files = submission_files(folder)
     graded_dir = folder / GRADED_DIR
     graded_dir.mkdir(exist_ok=True)
-    # Separate processes: each drives its own kernel, and one that goes wrong stays alone.
-    with ProcessPoolExecutor(max_workers=max(1, jobs), mp_context=get_context("spawn")) as pool:
-        futures = [pool.submit(grade_submission, path, key, limits, graded_dir) for path in files]
-        results = [
-            future.result()
-            for future in tqdm(futures, desc=f"grading {key.lab}", unit="notebook", disable=not progress)
-        ]
+    salt = salt or secrets.token_hex(8)
+    with tempfile.TemporaryDirectory(prefix="infer-grade-") as kernels_root:
+        os.chmod(kernels_root, 0o755)  # `nobody` passes through to its own folder
+        session = open_session(folder, jobs, limits, salt, Path(kernels_root))
+        if progress:
+            print(session.sandbox_line, flush=True)
+        # Separate processes: each drives its own kernel, and one that goes wrong stays alone.
+        with ProcessPoolExecutor(max_workers=max(1, jobs), mp_context=get_context("spawn")) as pool:
+            futures = [
+                pool.submit(grade_submission, path, key, limits, graded_dir, session, also) for path, also in files
+            ]
+            results = [
+                future.result()
+                for future in tqdm(futures, desc=f"grading {key.lab}", unit="notebook", disable=not progress)
+            ]
     write_gradebook(
-        folder, key, results, solution_path.relative_to(root) if solution_path.is_relative_to(root) else solution_path
+        folder,
+        key,
+        results,
+        solution_path.relative_to(root) if solution_path.is_relative_to(root) else solution_path,
+        session,
     )
     return results
 
@@ -466,11 +673,13 @@ def _number(value: float):
     return int(value) if float(value).is_integer() else value
 
 
-def write_gradebook(folder: Path, key: GradingKey, results: list[SubmissionResult], solution: Path) -> None:
+def write_gradebook(
+    folder: Path, key: GradingKey, results: list[SubmissionResult], solution: Path, session: Session | None = None
+) -> None:
     check_ids = [check.check_id for check in key.checks]
     with open(folder / GRADEBOOK_CSV, "w", newline="", encoding="utf-8") as out:
         writer = csv.writer(out)
-        writer.writerow(["student", "score", "max_score", "status", *check_ids])
+        writer.writerow(["student", "score", "max_score", "status", "seconds", *check_ids])
         for result in sorted(results, key=lambda r: (r.student, r.file)):
             earned = {c.check_id: c.earned for c in result.checks}
             writer.writerow(
@@ -479,6 +688,7 @@ def write_gradebook(folder: Path, key: GradingKey, results: list[SubmissionResul
                     _number(result.score),
                     _number(result.max_score),
                     result.status,
+                    result.seconds,
                     *(_number(earned[i]) for i in check_ids),
                 ]
             )
@@ -487,6 +697,17 @@ def write_gradebook(folder: Path, key: GradingKey, results: list[SubmissionResul
         "key": str(solution),
         "graded_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "max_score": _number(key.max_score),
+        "sandbox": session.sandbox_line if session else "",
+        "kernel": (
+            {
+                "threads": session.threads,
+                "memory_limit": f"{session.memory_bytes / 2**30:.1f} GiB of {session.memory_limit}",
+                "skipped_cells": {c.cell_id: c.skip for c in key.cells if c.skip},
+            }
+            if session
+            else {}
+        ),
+        "grading_salt": session.salt if session else None,  # repeats this run's unseen cases: --salt
         "checks": [
             {"id": c.check_id, "cell_id": c.cell_id, "points": _number(c.points), "expected": c.expected_line}
             for c in key.checks
@@ -503,15 +724,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("-j", "--jobs", type=int, default=1, help="submissions graded at once (default 1)")
     parser.add_argument("--cell-timeout", type=float, default=CELL_TIMEOUT_S, help="seconds per cell")
     parser.add_argument("--notebook-timeout", type=float, default=NOTEBOOK_TIMEOUT_S, help="seconds per submission")
+    parser.add_argument("--memory-gb", type=float, help="memory per kernel (default: 3/4 of RAM shared by the jobs)")
+    parser.add_argument("--threads", type=int, help="threads per kernel (default: cores / jobs)")
+    parser.add_argument("--salt", help="seed of the unseen cases (default: new; gradebook.json keeps it)")
     args = parser.parse_args(argv)
+    limits = Limits(
+        args.cell_timeout,
+        args.notebook_timeout,
+        int(args.memory_gb * 2**30) if args.memory_gb else None,
+        args.threads,
+    )
     try:
-        results = grade_folder(args.lab, args.submissions, args.jobs, Limits(args.cell_timeout, args.notebook_timeout))
+        results = grade_folder(args.lab, args.submissions, args.jobs, limits, salt=args.salt)
     except (ValueError, GradingKeyError) as error:
         print(f"grade: {error}", file=sys.stderr)
         return 2
     for r in sorted(results, key=lambda r: r.student):
         print(
-            f"{r.student:24} {_number(r.score):>5} / {_number(r.max_score):<5} {r.status}"
+            f"{r.student:24} {_number(r.score):>5} / {_number(r.max_score):<5} {r.seconds:6.1f} s  {r.status}"
             + (f": {r.reason}" if r.reason else "")
         )
     print(f"wrote {args.submissions / GRADEBOOK_CSV} and {args.submissions / GRADEBOOK_JSON}")
