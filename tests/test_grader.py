@@ -413,7 +413,9 @@ def sandboxed_01(tmp_path_factory):
     position = honest.cells.index(cell(honest, "setup"))
     honest.cells.insert(
         position + 1,
-        nbformat.v4.new_code_cell("import os\nprint('seen: threads', torch.get_num_threads(), 'home', os.environ['HOME'])"),
+        nbformat.v4.new_code_cell(
+            "import os\nprint('seen: threads', torch.get_num_threads(), 'home', os.environ['HOME'])"
+        ),
     )
     nbformat.write(honest, folder / "honest.ipynb")
     (folder / "honest.pdf").write_text("the same work, printed\n")
