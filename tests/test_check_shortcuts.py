@@ -191,8 +191,11 @@ def test_library_cached_loop_fails(tiny):
 
 
 def latencies(record):
-    lat = request_latencies_ms(record)
-    return lat.ttft_ms, lat.tpot_ms, lat.e2el_ms
+    """Written by hand, as the lab asks: the library's own is refused."""
+    ttft = (record.chunk_times[0] - record.send_time) * 1e3
+    e2el = (record.chunk_times[-1] - record.send_time) * 1e3
+    n = record.num_output_tokens
+    return ttft, (e2el - ttft) / (n - 1) if n > 1 else None, e2el
 
 
 def _goodput(records, slo_ms, meets):
@@ -340,9 +343,9 @@ def test_a_wrong_function_fails_with_the_same_line_twice(grade, wrong):
 
 
 def _metrics_counting_failed_prompts(records):
-    from infer.metrics import calculate_metrics
+    from tests.test_exercises_week03 import metrics
 
-    result = dict(calculate_metrics(records))
+    result = metrics(records)
     duration = result["duration"]
     output = sum(r.num_output_tokens for r in records if r.success)
     result["total_token_throughput"] = (sum(r.prompt_len for r in records) + output) / duration
@@ -351,7 +354,7 @@ def _metrics_counting_failed_prompts(records):
 
 def test_failed_prompt_tokens_are_named_not_the_duration():
     verdict = week03.grade_serving_metrics(_metrics_counting_failed_prompts)
-    assert not verdict.ok and "failed requests' prompt tokens are counted" in verdict.line, verdict.line
+    assert not verdict.ok and "your total counts the prompt tokens of failed requests too" in verdict.line, verdict.line
     assert "duration" not in verdict.line.split("(", 1)[1], verdict.line
 
 

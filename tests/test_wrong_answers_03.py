@@ -10,18 +10,32 @@ LAB03_MISTAKES = {
     "q3": "answer_q3 = (10 + 100) / 2  # averaged per request first",
     "q4": "answer_q4 = 200  # the median, not the mean",
     "q5": "answer_q5 = 200  # most requests, not the 99th percentile",
-    "q6": "answer_q6 = 1000 / 10  # throughput, not goodput",
+    "q6": "answer_q6 = 2000 / 40  # throughput, not goodput",
     "q7": 'answer_q7 = "output_throughput"',
     "latencies": """    ttft_s = record.chunk_times[0] - record.send_time
     e2el_s = record.chunk_times[-1] - record.send_time
     n = len(record.chunk_times)  # chunks, not tokens
     tpot_ms = (e2el_s - ttft_s) / (n - 1) * 1e3 if n > 1 else None
     return ttft_s * 1e3, tpot_ms, e2el_s * 1e3""",
-    "serving-metrics": """    from infer.metrics import calculate_metrics
-    result = dict(calculate_metrics(records))
-    per_request = [np.mean(np.diff(r.chunk_times)) * 1e3 for r in records if r.success and len(r.chunk_times) > 1]
-    result["mean_itl_ms"] = np.mean(per_request)  # averaged per request first, not pooled
-    return result""",
+    "serving-metrics": """    done = [r for r in records if r.success]
+    duration = max(r.finish_time for r in records) - min(r.send_time for r in records)
+    lats = [latencies_ms(r) for r in done]
+    per_request = [np.mean(np.diff(r.chunk_times)) * 1e3 for r in done if len(r.chunk_times) > 1]
+    itls = [(b - a) * 1e3 for r in done for a, b in zip(r.chunk_times, r.chunk_times[1:])]
+    tpots = [t for _, t, _ in lats if t is not None]
+    out = sum(r.num_output_tokens for r in done)
+    return {
+        "duration": duration, "completed": len(done), "failed": len(records) - len(done),
+        "total_output_tokens": out, "request_throughput": len(done) / duration,
+        "output_throughput": out / duration,
+        "total_token_throughput": (sum(r.prompt_len for r in done) + out) / duration,
+        "mean_ttft_ms": np.mean([t for t, _, _ in lats]), "median_ttft_ms": np.median([t for t, _, _ in lats]),
+        "p99_ttft_ms": np.percentile([t for t, _, _ in lats], 99), "mean_tpot_ms": np.mean(tpots),
+        "p99_tpot_ms": np.percentile(tpots, 99),
+        "mean_itl_ms": np.mean(per_request),  # averaged per request first, not pooled
+        "p99_itl_ms": np.percentile(itls, 99), "std_e2el_ms": np.std([e for _, _, e in lats]),
+        "p99_e2el_ms": np.percentile([e for _, _, e in lats], 99),
+    }""",
     "goodput": """    duration = max(r.finish_time for r in records) - min(r.send_time for r in records)
     good = 0
     for r in records:

@@ -1,17 +1,45 @@
 """Lab 03 code checks: per-request latencies, the run's metrics, goodput, and a benchmark grid.
 
 Each check builds random request records seeded by its id (streamed, one-token, multi-token
-chunks and failed requests, in random order) and compares the student's function with
-infer.metrics. When a value is wrong, the check recomputes it the ways students get it wrong
-(failed requests counted, `<` for `<=`...) and names the one that matches."""
+chunks and failed requests, in random order; at grading, also runs no student saw), plus scripted
+runs for the rules the lab states (a failed request that starts or ends the run, latencies equal
+to a limit), and compares the student's function with infer.metrics. When a value is wrong, the
+check recomputes it the ways students get it wrong (failed requests counted, `<` for `<=`...)
+and names the one that matches.
 
+No function may call a course-library function that computes what it asks (REFUSED, watched as
+calls, so a lambda, a def or getattr around one fails too)."""
+
+import dataclasses
 import math
+import numbers
 import random
 
-from infer.course.checks import Case, Verdict, as_number, case_rng, distinct_pair, grade_function
-from infer.metrics import benchmark_duration_s, calculate_metrics, request_goodput, request_latencies_ms
+from infer.course.checks import Case, Verdict, as_number, case_rngs, distinct_pair, grade_function
+from infer.experiments.prefill_decode import token_gaps_ms, ttft_and_tpot_ms
+from infer.metrics import (
+    benchmark_duration_s,
+    calculate_metrics,
+    meets_slo,
+    request_goodput,
+    request_latencies_ms,
+    summarize_ms,
+)
 from infer.profiles import BenchmarkGrid
 from infer.records import RequestRecord
+
+LATENCIES_QID, METRICS_QID, GOODPUT_QID, GRID_QID = (
+    "03.lab.latencies",
+    "03.lab.serving_metrics",
+    "03.lab.goodput",
+    "03.lab.grid",
+)
+# What each exercise must not call: every course-library function that computes its answer.
+REFUSED = {
+    LATENCIES_QID: (request_latencies_ms, calculate_metrics, ttft_and_tpot_ms, token_gaps_ms),
+    METRICS_QID: (calculate_metrics, request_latencies_ms, summarize_ms, benchmark_duration_s, request_goodput),
+    GOODPUT_QID: (request_goodput, meets_slo, calculate_metrics, request_latencies_ms, benchmark_duration_s),
+}
 
 # The keys the lab's serving_metrics() returns (a subset of vLLM's result keys).
 LAB_METRIC_KEYS = (
@@ -97,15 +125,15 @@ def _compare_latencies(got, expected) -> str | None:
 
 
 def grade_latencies(student_latencies_ms, requests: int = 12) -> Verdict:
-    qid = "03.lab.latencies"
-    rng = case_rng(qid)
-    kinds = ["streamed", "one_token", "chunked"] + [
-        rng.choice(["streamed", "one_token", "chunked"]) for _ in range(requests - 3)
-    ]
+    qid = LATENCIES_QID
     cases = []
-    for kind in kinds:
-        record = random_record(rng, kind)
-        cases.append(Case(_describe(record), (record,)))
+    for rng in case_rngs(qid):
+        kinds = ["streamed", "one_token", "chunked"] + [
+            rng.choice(["streamed", "one_token", "chunked"]) for _ in range(requests - 3)
+        ]
+        for kind in kinds:
+            record = random_record(rng, kind)
+            cases.append(Case(_describe(record), (record,)))
     return grade_function(
         qid,
         student_latencies_ms,
@@ -113,6 +141,7 @@ def grade_latencies(student_latencies_ms, requests: int = 12) -> Verdict:
         cases,
         _compare_latencies,
         f"TTFT, TPOT and E2EL match on {requests} random requests (one-token and multi-token chunks included)",
+        forbidden=REFUSED[qid],
     )
 
 
@@ -141,6 +170,12 @@ def _compare_metrics(got, expected) -> str | None:
     return None
 
 
+DURATION_MISTAKE = (
+    "your duration leaves out the failed requests; the duration runs from the earliest send to the latest "
+    "finish of all records, failed ones included"
+)
+
+
 def _metric_hint(key: str, got: float, expected: float, records) -> str:
     """Why `got` is wrong, when it equals what a known mistake gives; otherwise what the key means."""
     done = [r for r in records if r.success]
@@ -151,36 +186,17 @@ def _metric_hint(key: str, got: float, expected: float, records) -> str:
         "total_token_throughput": [
             (
                 (sum(r.prompt_len for r in records) + output) / duration,
-                "failed requests' prompt tokens are counted: count prompt_len of completed requests only",
+                "your total counts the prompt tokens of failed requests too; count prompt_len of completed "
+                "requests only",
             ),
-            (
-                (sum(r.prompt_len for r in done) + output) / completed_only,
-                "the duration leaves out failed requests: it runs from the first send to the last finish of "
-                "all records",
-            ),
+            ((sum(r.prompt_len for r in done) + output) / completed_only, DURATION_MISTAKE),
         ],
         "request_throughput": [
-            (len(records) / duration, "failed requests are counted: count completed requests only"),
-            (
-                len(done) / completed_only,
-                "the duration leaves out failed requests: it runs from the "
-                "first send to the last finish of all records",
-            ),
+            (len(records) / duration, "your count includes failed requests; count completed requests only"),
+            (len(done) / completed_only, DURATION_MISTAKE),
         ],
-        "output_throughput": [
-            (
-                output / completed_only,
-                "the duration leaves out failed requests: it runs from the "
-                "first send to the last finish of all records",
-            )
-        ],
-        "duration": [
-            (
-                completed_only,
-                "the duration leaves out failed requests: it runs from the first send to the "
-                "last finish of all records",
-            )
-        ],
+        "output_throughput": [(output / completed_only, DURATION_MISTAKE)],
+        "duration": [(completed_only, DURATION_MISTAKE)],
     }
     for value, why in mistakes.get(key, []):
         if math.isclose(got, value, rel_tol=1e-6):
@@ -198,14 +214,41 @@ def _metric_hint(key: str, got: float, expected: float, records) -> str:
     return ""
 
 
+def _later(record: RequestRecord, seconds: float) -> RequestRecord:
+    """The same record, every time of it `seconds` later."""
+    return dataclasses.replace(
+        record,
+        send_time=record.send_time + seconds,
+        chunk_times=[t + seconds for t in record.chunk_times],
+        end_time=None if record.end_time is None else record.end_time + seconds,
+    )
+
+
+def failed_at_the_edges(rng: random.Random) -> list[tuple[str, list[RequestRecord]]]:
+    """Runs in which a failed request is sent first, and one in which it finishes last: the duration
+    runs over every record, failed ones included."""
+    first = [_later(record, 1.0) for record in random_run(rng, 8)]  # room before the first send
+    first.append(RequestRecord(9, 0.5, error="connection refused", end_time=0.6))
+    last = random_run(rng, 8)
+    latest = max(r.finish_time for r in last)
+    last.append(RequestRecord(9, latest - 0.1, error="timed out", end_time=latest + 1.0))
+    return [
+        (f"a run of {len(first)} requests whose first request sent failed", first),
+        (f"a run of {len(last)} requests whose last to finish failed", last),
+    ]
+
+
 def grade_serving_metrics(student_serving_metrics, runs: int = 5) -> Verdict:
-    qid = "03.lab.serving_metrics"
-    rng = case_rng(qid)
+    qid = METRICS_QID
     cases = []
-    for _ in range(runs):
-        records = random_run(rng)
-        failed = sum(not r.success for r in records)
-        cases.append(Case(f"a run of {len(records)} requests ({failed} failed, one-token ones included)", (records,)))
+    for rng in case_rngs(qid):
+        cases += [Case(description, (records,)) for description, records in failed_at_the_edges(rng)]
+        for _ in range(runs):
+            records = random_run(rng)
+            failed = sum(not r.success for r in records)
+            cases.append(
+                Case(f"a run of {len(records)} requests ({failed} failed, one-token ones included)", (records,))
+            )
     return grade_function(
         qid,
         student_serving_metrics,
@@ -213,6 +256,7 @@ def grade_serving_metrics(student_serving_metrics, runs: int = 5) -> Verdict:
         cases,
         _compare_metrics,
         f"{len(LAB_METRIC_KEYS)} metrics match vLLM's definitions on {runs} random runs",
+        forbidden=REFUSED[qid],
     )
 
 
@@ -221,28 +265,68 @@ def check_serving_metrics(student_serving_metrics, runs: int = 5) -> None:
 
 
 def _on_the_limit_run(rng: random.Random) -> tuple[list[RequestRecord], dict[str, float]]:
-    """A run where some requests' TTFT and TPOT equal the SLO limits exactly: times are binary
-    fractions (1/32 s), so every correct way of computing them in ms gives exactly 500 and 31.25."""
+    """A run where some requests' TTFT, TPOT and E2EL equal the SLO limits exactly: times are binary
+    fractions (1/64 s), so every correct way of computing them in ms gives exactly 500, 31.25 and
+    750. A failed request finishes last, so the duration is not the completed requests' own."""
     records = []
     for i in range(8):
         send = i / 8
         ttft = 0.5 if i % 2 == 0 else rng.choice([0.25, 0.75])
         gap = 1 / 32 if i % 3 else rng.choice([1 / 64, 1 / 16])
-        times = [send + ttft + gap * step for step in range(rng.randint(2, 9))]
+        steps = 8 if i == 4 else rng.randint(2, 7)  # request 4: E2EL 0.5 + 8/32 s = 750 ms exactly
+        times = [send + ttft + gap * step for step in range(steps + 1 if i == 4 else steps)]
         records.append(RequestRecord(rng.randint(1, 512), send, chunk_times=times))
-    records.append(random_record(rng, "failed"))
-    return records, {"ttft": 500.0, "tpot": 31.25}
+    records.append(RequestRecord(7, 0.375, chunk_times=[0.875]))  # one token: TPOT 0, TTFT on the limit
+    latest = max(r.finish_time for r in records)
+    records.append(RequestRecord(9, 0.9, error="timed out", end_time=latest + 1.0))
+    return records, {"ttft": 500.0, "tpot": 31.25, "e2el": 750.0}
 
 
-def _strict_goodput(records, slo_ms) -> float:
-    """Goodput with `<` in place of `<=`: the mistake of treating a value equal to the limit as a miss."""
+def _goodput_with(
+    records,
+    slo_ms,
+    *,
+    meets=lambda value, limit: value <= limit,
+    one_token_tpot=0.0,
+    duration=None,
+    combine=all,
+    count_failed=False,
+) -> float:
+    """Goodput computed one way or another: the right way with the defaults, else a known mistake."""
     good = 0
     for record in records:
         if record.success:
             lat = request_latencies_ms(record)
-            observed = {"ttft": lat.ttft_ms, "tpot": lat.tpot_ms or 0.0, "e2el": lat.e2el_ms}
-            good += all(observed[key] < limit for key, limit in slo_ms.items())
-    return good / benchmark_duration_s(records)
+            tpot = one_token_tpot if lat.tpot_ms is None else lat.tpot_ms
+            observed = {"ttft": lat.ttft_ms, "tpot": tpot, "e2el": lat.e2el_ms}
+            good += combine(meets(observed[key], limit) for key, limit in slo_ms.items())
+        elif count_failed:
+            good += 1
+    return good / (duration if duration is not None else benchmark_duration_s(records))
+
+
+def _goodput_mistakes(records, slo_ms) -> list[tuple[float, str]]:
+    done = [r for r in records if r.success]
+    completed_only = max(r.finish_time for r in done) - min(r.send_time for r in done)
+    return [
+        (
+            _goodput_with(records, slo_ms, meets=lambda value, limit: value < limit),
+            "a request whose latency equals a limit meets it: compare with <=, not <",
+        ),
+        (
+            _goodput_with(records, slo_ms, one_token_tpot=math.inf),
+            "your goodput leaves out one-token requests; a one-token request has no TPOT and counts with TPOT 0",
+        ),
+        (_goodput_with(records, slo_ms, duration=completed_only), DURATION_MISTAKE),
+        (
+            _goodput_with(records, slo_ms, combine=any),
+            "your goodput counts requests that meet any one SLO; a good request meets every SLO in the set",
+        ),
+        (
+            _goodput_with(records, slo_ms, count_failed=True),
+            "your goodput counts failed requests; count completed ones",
+        ),
+    ]
 
 
 def _compare_goodput(got, expected) -> str | None:
@@ -253,31 +337,33 @@ def _compare_goodput(got, expected) -> str | None:
     if math.isclose(value, value_expected, rel_tol=1e-6, abs_tol=1e-12):
         return None
     shown_got, shown_expected = distinct_pair(value, value_expected)
-    if math.isclose(value, _strict_goodput(records, slo_ms), rel_tol=1e-6, abs_tol=1e-12):
-        why = "a request whose latency equals a limit meets it: compare with <=, not <"
-    else:
-        why = (
-            "a request is good when it meets every SLO; a one-token request counts with TPOT 0; "
-            "divide by the whole duration"
-        )
+    why = next(
+        (
+            why
+            for wrong, why in _goodput_mistakes(records, slo_ms)
+            if math.isclose(value, wrong, rel_tol=1e-6, abs_tol=1e-12)
+        ),
+        "a request is good when it is completed and meets every SLO (a value equal to a limit meets it, a "
+        "one-token request counts with TPOT 0); divide by the duration of Part C",
+    )
     return f"got {shown_got} req/s, expected {shown_expected} ({why})"
 
 
 def grade_goodput(student_goodput, runs: int = 8) -> Verdict:
-    qid = "03.lab.goodput"
-    rng = case_rng(qid)
+    qid = GOODPUT_QID
     cases = []
-    records, slo = _on_the_limit_run(rng)
-    cases.append(Case(f"SLO {slo} on {len(records)} requests, some exactly on the limits", (records, slo)))
     slos = [{"ttft": 500, "tpot": 20}, {"tpot": 25}, {"e2el": 1500}, {"ttft": 800, "tpot": 30, "e2el": 2000}]
-    for i in range(runs - 1):
-        records = random_run(rng)
-        slo = (
-            slos[i % len(slos)]
-            if i < len(slos)
-            else {k: rng.choice(v) for k, v in {"ttft": [300, 700, 1200], "tpot": [20, 30, 50]}.items()}
-        )
-        cases.append(Case(f"SLO {slo} on {len(records)} requests", (records, slo)))
+    for rng in case_rngs(qid):
+        records, slo = _on_the_limit_run(rng)
+        cases.append(Case(f"SLO {slo} on {len(records)} requests, some exactly on the limits", (records, slo)))
+        for i in range(runs - 1):
+            records = random_run(rng)
+            slo = (
+                slos[i % len(slos)]
+                if i < len(slos)
+                else {k: rng.choice(v) for k, v in {"ttft": [300, 700, 1200], "tpot": [20, 30, 50]}.items()}
+            )
+            cases.append(Case(f"SLO {slo} on {len(records)} requests", (records, slo)))
     return grade_function(
         qid,
         student_goodput,
@@ -285,6 +371,7 @@ def grade_goodput(student_goodput, runs: int = 8) -> Verdict:
         cases,
         _compare_goodput,
         f"goodput matches on {runs} random runs and SLO sets",
+        forbidden=REFUSED[qid],
     )
 
 
@@ -295,29 +382,44 @@ def check_goodput(student_goodput, runs: int = 8) -> None:
 # ---------------------------------------------------------------- grid design
 
 
+def _whole(n) -> bool:
+    """An exact count: a positive int (numpy's and torch's integer types too), never a bool."""
+    if hasattr(n, "shape") and hasattr(n, "item") and getattr(n, "shape", None) == ():
+        n = n.item()
+    return isinstance(n, numbers.Integral) and not isinstance(n, bool) and n >= 1
+
+
 def grade_grid(grid) -> Verdict:
     """The lab's grid requirements, checked one by one (several designs pass)."""
-    qid = "03.lab.grid"
+    qid = GRID_QID
     if not isinstance(grid, BenchmarkGrid):
         return Verdict(qid, False, f"expected an infer.profiles.BenchmarkGrid, got {type(grid).__name__}")
     lengths = [*grid.input_lens, *grid.output_lens]
-    if not all(isinstance(n, int) and not isinstance(n, bool) and n >= 1 for n in lengths):
+    if not all(_whole(n) for n in lengths):
         return Verdict(qid, False, "input and output lengths must be exact token counts: positive ints")
-    if 2048 not in grid.input_lens or 64 not in grid.output_lens:
-        return Verdict(qid, False, "the grid must contain the seed's workload: 2048 input and 64 output tokens")
-    if len(grid.input_lens) < 2:
-        return Verdict(qid, False, "use at least two input lengths, so that the prefill's share of TTFT shows")
-    conc = list(grid.concurrency)
+    inputs, outputs = [int(n) for n in grid.input_lens], [int(n) for n in grid.output_lens]
+    if 2048 not in inputs or 64 not in outputs:
+        return Verdict(qid, False, "the grid must contain the service's workload: 2048 input and 64 output tokens")
+    if len(set(inputs)) < 2:
+        return Verdict(
+            qid,
+            False,
+            f"input_lens={tuple(inputs)} holds one input length: use at least two different ones, so that "
+            "the prefill's share of TTFT shows",
+        )
+    if not all(_whole(c) for c in grid.concurrency) or not _whole(grid.num_prompts):
+        return Verdict(qid, False, "concurrency levels and num_prompts are counts: positive ints")
+    conc = [int(c) for c in grid.concurrency]
     if not conc or conc[0] != 1 or conc != sorted(set(conc)) or max(conc) < 32:
         return Verdict(qid, False, "concurrency must start at 1, rise strictly, and reach at least 32")
     if grid.num_prompts < 4 * max(conc):
         return Verdict(
             qid,
             False,
-            f"num_prompts={grid.num_prompts} gives the top concurrency fewer than 4 rounds; "
+            f"num_prompts={int(grid.num_prompts)} gives the top concurrency fewer than 4 rounds; "
             f"use at least {4 * max(conc)}",
         )
-    cells = len(grid.input_lens) * len(grid.output_lens) * len(conc)
+    cells = len(inputs) * len(outputs) * len(conc)
     if cells > 24:
         return Verdict(qid, False, f"{cells} cells is more than the 24 the time budget allows")
     # The same line for every grid that passes: several designs do, and nbval compares this line.
