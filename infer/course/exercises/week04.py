@@ -1,17 +1,54 @@
 """Lab 04 code checks: the online-softmax merge, the tiled forward pass, the score-matrix memory.
 
-Cases are random, seeded by the check's id. The tiled check also watches one call op by op
-(`OpWatch`): correct values computed with scaled_dot_product_attention, or through a tensor as
-large as a [block, N] strip of scores, are not tiled attention."""
+Cases are random, seeded by the check's id (at grading, also cases no student saw). The tiled
+check also watches one call op by op (`OpWatch`): correct values computed with
+scaled_dot_product_attention, through a tensor as large as a [block, N] strip of scores, or with
+scores (a matmul, exp or softmax) spanning more keys than one block, are not tiled attention: the
+last catches a loop over strips of query rows with a plain softmax over all keys.
+
+No function may call a course-library function that computes what it asks (REFUSED, watched as
+calls); `block_state` and `SoftmaxState` are given on purpose (GIVEN)."""
 
 import torch
 
-from infer.attention import SoftmaxState, block_state, merge_states, random_qkv, reference_attention, relative_error
+from infer.attention import (
+    SoftmaxState,
+    block_state,
+    flash_attn_package,
+    merge_states,
+    naive_attention,
+    random_qkv,
+    reference_attention,
+    relative_error,
+    sdpa_attention,
+    tiled_attention,
+)
 from infer.attention_io import score_matrix_bytes
-from infer.course.checks import Case, OpWatch, Verdict, case_rng, close_to, grade_function, torch_generator
+from infer.attention_triton import triton_attention
+from infer.course.checks import Case, OpWatch, Verdict, case_rngs, close_to, grade_function, torch_generator
+from infer.paged_attention import causal_attention
 
-TILED_QID = "04.lab.tiled"
+MERGE_QID, TILED_QID, BYTES_QID = "04.lab.merge", "04.lab.tiled", "04.lab.score_bytes"
 SDPA_OPS = ("scaled_dot_product",)  # every SDPA backend's aten op has this in its name
+# Ops that compute scores or their weights: none may span more keys than one block in a tiled pass.
+SCORE_OPS = ("aten::mm", "aten::bmm", "aten::addmm", "aten::baddbmm", "aten::_softmax", "aten::exp")
+
+# What each exercise must not call: every course-library function that computes its answer.
+REFUSED = {
+    MERGE_QID: (merge_states,),
+    TILED_QID: (
+        tiled_attention,
+        naive_attention,
+        reference_attention,
+        sdpa_attention,
+        flash_attn_package,
+        triton_attention,
+        causal_attention,
+        merge_states,
+    ),
+    BYTES_QID: (score_matrix_bytes,),
+}
+GIVEN = {TILED_QID: (block_state, SoftmaxState)}
 
 
 def _state_problem(got, expected: SoftmaxState) -> str | None:
@@ -31,8 +68,22 @@ def _state_problem(got, expected: SoftmaxState) -> str | None:
 
 def grade_merge(student_merge, cases: int = 6) -> Verdict:
     """merge(state of block A, state of block B) must equal the state of A and B together."""
-    qid = "04.lab.merge"
-    rng = case_rng(qid)
+    qid = MERGE_QID
+    examples = []
+    for rng in case_rngs(qid):
+        examples += _merge_cases(rng, cases)
+    return grade_function(
+        qid,
+        student_merge,
+        merge_states,
+        examples,
+        _state_problem,
+        f"merged states equal the two-block states on {cases} random cases",
+        forbidden=REFUSED[qid],
+    )
+
+
+def _merge_cases(rng, cases: int) -> list[Case]:
     generator = torch_generator(rng)
     examples = []
     for index in range(cases):
@@ -48,14 +99,7 @@ def grade_merge(student_merge, cases: int = 6) -> Verdict:
             ", some rows masked in B" if index % 2 else ""
         )
         examples.append(Case(label, (a, b)))
-    return grade_function(
-        qid,
-        student_merge,
-        merge_states,
-        examples,
-        _state_problem,
-        f"merged states equal the two-block states on {cases} random cases",
-    )
+    return examples
 
 
 def check_merge(student_merge, cases: int = 6) -> None:
@@ -95,21 +139,23 @@ def _reference_for(q, k, v, causal, block_size):
 
 
 def grade_tiled(student_tiled, cases: int = 5) -> Verdict:
-    rng = case_rng(TILED_QID)
     examples = []
-    for index in range(cases):
-        block = rng.choice([16, 32, 64])
-        seq_len = rng.randint(block + 1, 4 * block) | 1  # odd: never a multiple of the block size
-        batch, heads, dim = rng.randint(1, 2), rng.randint(1, 3), rng.choice([16, 32])
-        causal = index % 2 == 0
-        q, k, v = random_qkv(batch, heads, seq_len, dim, seed=rng.randrange(2**31))
-        examples.append(
-            Case(
-                f"q of shape {(batch, heads, seq_len, dim)}, causal={causal}, block_size={block}",
-                (q, k, v, causal, block),
+    for rng in case_rngs(TILED_QID):
+        for index in range(cases):
+            block = rng.choice([16, 32, 64])
+            seq_len = rng.randint(block + 1, 4 * block) | 1  # odd: never a multiple of the block size
+            batch, heads, dim = rng.randint(1, 2), rng.randint(1, 3), rng.choice([16, 32])
+            causal = index % 2 == 0
+            q, k, v = random_qkv(batch, heads, seq_len, dim, seed=rng.randrange(2**31))
+            examples.append(
+                Case(
+                    f"q of shape {(batch, heads, seq_len, dim)}, causal={causal}, block_size={block}",
+                    (q, k, v, causal, block),
+                )
             )
-        )
-    verdict = grade_function(TILED_QID, student_tiled, _reference_for, examples, _output_problem(1e-5), "")
+    verdict = grade_function(
+        TILED_QID, student_tiled, _reference_for, examples, _output_problem(1e-5), "", forbidden=REFUSED[TILED_QID]
+    )
     if not verdict.ok:
         return verdict
     return _watched_call_verdict(student_tiled, cases)
@@ -136,6 +182,14 @@ def _watched_call_verdict(student_tiled, cases: int) -> Verdict:
             f"correct values, but your function calls scaled_dot_product_attention "
             f"({sdpa}): the lab asks for the tiling and the online softmax by hand",
         )
+    wide = next(
+        (
+            (op, shapes[0])
+            for op, shapes in watch.ops
+            if op in SCORE_OPS and shapes and len(shapes[0]) >= 2 and shapes[0][-1] > block
+        ),
+        None,
+    )
     large = watch.first_larger_than(block * seq_len)
     if large:
         op, shape = large
@@ -148,11 +202,21 @@ def _watched_call_verdict(student_tiled, cases: int) -> Verdict:
                 f"[{seq_len}, {seq_len}]): compute one [block_size, block_size] tile of scores at a time"
             ),
         )
+    if wide:
+        op, shape = wide
+        return Verdict(
+            TILED_QID,
+            False,
+            f"correct values, but with N={seq_len}, block_size={block} your function computed scores or "
+            f"weights over {shape[-1]} keys at once ({op} gave shape {list(shape)}): FlashAttention tiles the "
+            f"keys too, one block of block_size keys at a time folded into the online softmax; strips of "
+            f"query rows with a plain softmax over all keys are not it",
+        )
     return Verdict(
         TILED_QID,
         True,
-        f"matches the float64 reference on {cases} random cases, calls no SDPA, and "
-        f"never builds a tensor larger than a few tiles",
+        f"matches the float64 reference on {cases} random cases, calls no SDPA, never builds a tensor "
+        f"larger than a few tiles, and never scores more than one block of keys at once",
     )
 
 
@@ -161,12 +225,12 @@ def check_tiled(student_tiled, cases: int = 5) -> None:
 
 
 def grade_score_bytes(student_score_bytes, cases: int = 6) -> Verdict:
-    qid = "04.lab.score_bytes"
-    rng = case_rng(qid)
+    qid = BYTES_QID
     examples = [Case("batch 1, 32 heads, N = 32768, bf16", (1, 32, 32768, 2))]
-    for _ in range(cases - 1):
-        args = (rng.randint(1, 16), rng.choice([1, 8, 12, 32, 64]), rng.randint(1, 131072), rng.choice([1, 2, 4]))
-        examples.append(Case(f"batch {args[0]}, {args[1]} heads, N = {args[2]}, {args[3]} bytes per element", args))
+    for rng in case_rngs(qid):
+        for _ in range(cases - 1):
+            args = (rng.randint(1, 16), rng.choice([1, 8, 12, 32, 64]), rng.randint(1, 131072), rng.choice([1, 2, 4]))
+            examples.append(Case(f"batch {args[0]}, {args[1]} heads, N = {args[2]}, {args[3]} bytes per element", args))
     return grade_function(
         qid,
         student_score_bytes,
@@ -174,6 +238,7 @@ def grade_score_bytes(student_score_bytes, cases: int = 6) -> Verdict:
         examples,
         close_to(1e-9, unit="bytes"),
         f"score-matrix bytes match on {cases} shapes",
+        forbidden=REFUSED[qid],
     )
 
 
