@@ -1,12 +1,20 @@
-"""Lab 05 checks: the reference passes, and each shortcut fails with the message that names it."""
+"""Lab 05 checks: the reference passes, each refused library function fails however it is wrapped,
+and each shortcut or broken rule fails with the message that names it."""
 
+import functools
+
+import numpy as np
 import pytest
 import torch
 
+from infer.course.checks import GRADING_SALT_ENV, grade_answer
+from infer.course.exercises import week05
 from infer.course.exercises.week05 import KNOWN_MISTAKES, grade_admission, grade_step_forward
-from infer.engine.model_runner import flatten
-from infer.engine.scheduler import admit_continuous
+from infer.engine import Engine
+from infer.engine.model_runner import ModelRunner, flatten, step_runs
+from infer.engine.scheduler import admit_continuous, admit_static, chunked_token_counts
 from infer.model import Transformer
+from tests.refusals import FUNCTION_WRAPPERS, assert_refused, wrapped_function
 
 
 def written_admit(lens, num_running, max_num_seqs, budget):
@@ -86,3 +94,143 @@ def test_a_step_that_borrows_the_library_flatten_is_refused(tiny):
 
     verdict = grade_step_forward(borrowed_step, Transformer.from_hf(tiny.model))
     assert not verdict.ok and "infer.engine.model_runner.flatten" in verdict.reason
+
+
+# ---------------------------------------------------------------- issue 18: every refused function, every rule
+
+
+def _admit_via_chunks(lens, num_running, max_num_seqs, budget):
+    _, new = chunked_token_counts([], [], lens, max_num_seqs - num_running, budget)
+    return written_admit(lens, num_running, max_num_seqs, budget) + 0 * len(new)
+
+
+ADMIT_ADAPTED = {
+    admit_continuous: lambda *args: admit_continuous(*args),
+    admit_static: lambda lens, running, seqs, budget: admit_static(lens, 0, seqs - running, budget),
+    chunked_token_counts: _admit_via_chunks,
+}
+
+
+def _step_via_runs(model, cache, work):
+    step_runs(work)
+    return flat_step(model, cache, work)
+
+
+def _step_via_runner(model, cache, work):
+    ModelRunner.__init__(object.__new__(ModelRunner), model, None, None)
+    return flat_step(model, cache, work)
+
+
+def _call_engine(model, cache, work):
+    Engine(model.model, max_num_seqs=1, max_model_len=8)
+    return flat_step(model, cache, work)
+
+
+STEP_ADAPTED = {
+    flatten: lambda model, cache, work: (flatten(work, "cpu"), flat_step(model, cache, work))[1],
+    step_runs: _step_via_runs,
+    ModelRunner: _step_via_runner,
+    Engine: _call_engine,
+}
+
+
+def test_every_refused_function_is_adapted_here():
+    assert set(ADMIT_ADAPTED) == set(week05.REFUSED[week05.ADMISSION_QID])
+    assert set(STEP_ADAPTED) == set(week05.REFUSED[week05.STEP_QID])
+
+
+@pytest.mark.parametrize("refused", list(ADMIT_ADAPTED), ids=lambda f: f.__name__)
+def test_an_admission_built_on_a_refused_function_fails_naming_it(refused):
+    assert_refused(grade_admission(ADMIT_ADAPTED[refused]), refused)
+
+
+@pytest.mark.parametrize("refused", list(STEP_ADAPTED), ids=lambda f: f.__name__)
+def test_a_step_built_on_a_refused_function_fails_naming_it(tiny, refused):
+    assert_refused(grade_step_forward(STEP_ADAPTED[refused], Transformer.from_hf(tiny.model)), refused)
+
+
+@pytest.mark.parametrize("kind", FUNCTION_WRAPPERS)
+def test_the_library_admission_fails_however_it_is_wrapped(kind):
+    assert_refused(grade_admission(wrapped_function(admit_continuous, kind)), admit_continuous)
+
+
+def test_a_step_returning_a_token_for_every_item_fails_naming_the_rule(tiny):
+    def every_item(model, cache, work):
+        tokens = flat_step(model, cache, work)
+        return tokens + [0] * (len(work) - len(tokens))
+
+    verdict = grade_step_forward(every_item, Transformer.from_hf(tiny.model))
+    assert not verdict.ok and "with chunked prefill, budget 10" in verdict.reason, verdict.line
+    assert "a prompt chunk with more of its prompt to come, which gives none" in verdict.reason
+
+
+def test_a_step_that_puts_every_item_at_position_zero_fails(tiny):
+    def from_zero(model, cache, work):
+        tokens, positions, slots, rows = [], [], [], []
+        for item in work:
+            tokens += item.seq.token_ids(item.start, item.start + item.num_tokens)
+            positions += range(item.num_tokens)  # as if every item started its sequence
+            slots += [item.seq.slot] * item.num_tokens
+            if item.samples:
+                rows.append(len(tokens) - 1)
+        logits = model(
+            torch.tensor(tokens),
+            torch.tensor(positions),
+            cache,
+            torch.tensor(slots),
+            logits_rows=torch.tensor(rows, dtype=torch.long),
+        )
+        return logits.argmax(-1).tolist()
+
+    verdict = grade_step_forward(from_zero, Transformer.from_hf(tiny.model))
+    assert not verdict.ok, verdict.line
+
+
+@pytest.mark.parametrize(
+    "answer, message",
+    [
+        (lambda n: [n], "returned a list ([2]): return how many waiting requests join, a whole number"),
+        (lambda n: float(n), "returned a float (2.0): return how many waiting requests join"),
+        (lambda n: -1, "returned -1: a count of waiting requests lies between 0 and the 3 waiting"),
+    ],
+    ids=["list", "float", "negative"],
+)
+def test_an_admission_returning_no_count_is_told_so(answer, message):
+    verdict = grade_admission(lambda *args: answer(written_admit(*args)))
+    assert not verdict.ok and message in verdict.reason and "slice" not in verdict.reason, verdict.line
+
+
+@pytest.mark.parametrize("as_count", [np.int64, np.int32, functools.partial(torch.tensor, dtype=torch.long)])
+def test_numpy_and_torch_integers_are_counts(as_count):
+    assert grade_admission(lambda *args: as_count(written_admit(*args))).ok
+
+
+def test_an_exact_fit_and_exactly_the_free_slots_are_cases():
+    descriptions = [d for d, *_ in week05.admission_traces(week05.case_rngs(week05.ADMISSION_QID)[0])]
+    assert any("an exact fit" in d for d in descriptions) and any("exactly the free slots" in d for d in descriptions)
+
+
+def test_a_rejected_number_shows_the_digits_that_set_it_apart():
+    line = grade_answer("05.q4", 4.0400001).line
+    assert "4.0400001 s is not within 1%" in line, line
+    assert grade_answer("05.q4", 4.04).ok and grade_answer("05.q4", 3.96).ok
+
+
+def test_a_hard_coded_admission_passes_at_home_and_fails_at_grading(monkeypatch):
+    monkeypatch.delenv(GRADING_SALT_ENV, raising=False)
+    seen = {}
+
+    def recorder(lens, running, seqs, budget):
+        seen[tuple(lens), running, seqs, budget] = written_admit(lens, running, seqs, budget)
+        return seen[tuple(lens), running, seqs, budget]
+
+    assert grade_admission(recorder).ok
+    table = dict(seen)
+
+    def hard_coded(lens, running, seqs, budget):
+        return table.get((tuple(lens), running, seqs, budget), 0)
+
+    assert grade_admission(hard_coded).ok
+    monkeypatch.setenv(GRADING_SALT_ENV, "a grading run")
+    verdict = grade_admission(hard_coded)
+    assert not verdict.ok and "random trace" in verdict.reason, verdict.line

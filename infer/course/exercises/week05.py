@@ -5,24 +5,44 @@
   must match the reference. A mismatch is diagnosed by replaying the trace with the usual wrong
   decisions (static batching, no token budget, slots ignored, a short prompt overtaking the head
   of the queue) and naming the one that behaves like the student's.
-- `check_step_forward(step_forward, model)`: the student's step drives a real engine (the
-  profile's model) over requests that arrive while others decode. A step must call the model
-  exactly once, ask for logits of the sampling rows only, and every request's tokens must equal
-  greedy generation by the library's engine run in lockstep on the same schedule (the same
-  batches, so the same arithmetic in any dtype; tests/test_engine.py shows that engine equal to
-  single-request greedy in float32).
+- `check_step_forward(step_forward)`: the student's step drives a real engine (the profile's
+  model, loaded by the check) over requests that arrive while others decode: first with
+  continuous batching, then with chunked prefill and a small token budget, so that some items are
+  prompt chunks that start mid-prompt and do not sample. A step must call the model exactly
+  once, ask for logits of the sampling rows only, return a token for each sampling item and none
+  for the others, and every request's tokens must equal greedy generation by the library's engine
+  run in lockstep on the same schedule (the same batches, so the same arithmetic in any dtype;
+  tests/test_engine.py shows that engine equal to single-request greedy in float32).
+
+Neither function may call a course-library function that computes what it asks (REFUSED, watched
+as calls); at grading, both also run traces and requests no student saw.
 """
 
+import numbers
 import random
 
-from infer.course.checks import LibraryCalls, Verdict, case_rng, library_call_verdict, library_verdict, same_tokens
+from infer.course.checks import (
+    LibraryCalls,
+    Verdict,
+    case_rngs,
+    library_call_verdict,
+    library_verdict,
+    own_model,
+    same_tokens,
+)
 from infer.engine import Engine, SamplingParams
-from infer.engine.model_runner import flatten
-from infer.engine.scheduler import PrefillFirst, admit_continuous
+from infer.engine.model_runner import ModelRunner, flatten, step_runs
+from infer.engine.scheduler import PrefillFirst, admit_continuous, admit_static, chunked_token_counts
 from infer.engine.simulator import TraceRequest, run_trace
+from infer.model import Transformer
 
 ADMISSION_QID = "05.lab.admission"
 STEP_QID = "05.lab.step_forward"
+# What each exercise must not call: every course-library function or class that computes its answer.
+REFUSED = {
+    ADMISSION_QID: (admit_continuous, admit_static, chunked_token_counts),
+    STEP_QID: (flatten, step_runs, ModelRunner, Engine),
+}
 
 
 # ---------------------------------------------------------------- admission
@@ -66,6 +86,16 @@ def _admit_one_at_a_time(lens, num_running, max_num_seqs, budget):
     return min(1, _admit_fitting_prefix(lens, max_num_seqs - num_running, budget))
 
 
+def _admit_refusing_an_exact_fit(lens, num_running, max_num_seqs, budget):
+    taken = 0
+    for length in lens[: max(max_num_seqs - num_running, 0)]:
+        if length >= budget:  # a prompt that exactly fills what is left is refused
+            break
+        budget -= length
+        taken += 1
+    return taken
+
+
 KNOWN_MISTAKES = (
     (_admit_only_into_an_empty_engine, "it admits only into an empty engine: that is static batching, not continuous"),
     (
@@ -79,12 +109,30 @@ KNOWN_MISTAKES = (
         "stops at the first prompt that does not fit",
     ),
     (_admit_one_at_a_time, "it admits one request per step: admit every waiting request that fits"),
+    (
+        _admit_refusing_an_exact_fit,
+        "a prompt that exactly fills the budget left was refused: the admitted prompts fit when their "
+        "lengths add up to at most max_num_batched_tokens (<=, not <)",
+    ),
 )
 
 
-def admission_traces(rng: random.Random) -> list[tuple[str, list[TraceRequest], int, int]]:
-    """(description, trace, max_num_seqs, max_num_batched_tokens): scripted cases first, then random ones."""
+def admission_traces(rng: random.Random, scripted: bool = True) -> list[tuple[str, list[TraceRequest], int, int]]:
+    """(description, trace, max_num_seqs, max_num_batched_tokens): scripted cases first (one per
+    rule the lab states), then random ones."""
     cases = [
+        (
+            "a token budget of 100 with prompts of 60 and 40 tokens (an exact fit) and a third of 1",
+            [TraceRequest(0, 60, 3), TraceRequest(0, 40, 3), TraceRequest(0, 1, 2)],
+            4,
+            100,
+        ),
+        (
+            "3 slots and 3 requests at step 0, then 2 more (exactly the free slots)",
+            [TraceRequest(0, 8, 4) for _ in range(3)] + [TraceRequest(1, 8, 2) for _ in range(2)],
+            3,
+            512,
+        ),
         (
             "8 requests at step 0, 4 slots, outputs of 2-10 tokens",
             [TraceRequest(0, 16, n) for n in (3, 10, 2, 7, 5, 5, 9, 1)],
@@ -110,7 +158,7 @@ def admission_traces(rng: random.Random) -> list[tuple[str, list[TraceRequest], 
             TraceRequest(rng.randint(0, 25), rng.randint(1, 80), rng.randint(1, 14)) for _ in range(rng.randint(4, 14))
         ]
         cases.append((f"random trace {i + 1} ({len(trace)} requests, {slots} slots, budget 128)", trace, slots, 128))
-    return cases
+    return cases if scripted else cases[5:]
 
 
 def _batches(admit, trace, max_num_seqs, budget) -> list[tuple[str, tuple[int, ...]]]:
@@ -122,6 +170,33 @@ def _safe_batches(admit, trace, max_num_seqs, budget):
         return _batches(admit, trace, max_num_seqs, budget)
     except Exception:  # noqa: BLE001 - a mistake may break the engine's invariants; that is a difference too
         return None
+
+
+class AdmissionAnswer(Exception):
+    """The student's admit returned something that is not a count of waiting requests."""
+
+
+def _answers_checked(admit):
+    """`admit`, with each answer checked before the engine uses it: a count of waiting requests,
+    a whole number from 0 to the number waiting (numpy and torch integers count)."""
+
+    def checked(lens, num_running, max_num_seqs, budget):
+        answer = admit(lens, num_running, max_num_seqs, budget)
+        value = answer.item() if hasattr(answer, "item") and getattr(answer, "shape", None) == () else answer
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+            kind = type(answer).__name__
+            raise AdmissionAnswer(
+                f"admit({lens}, {num_running}, {max_num_seqs}, {budget}) returned a {kind} ({answer!r}): "
+                "return how many waiting requests join, a whole number"
+            )
+        if not 0 <= value <= len(lens):
+            raise AdmissionAnswer(
+                f"admit({lens}, {num_running}, {max_num_seqs}, {budget}) returned {value}: a count of waiting "
+                f"requests lies between 0 and the {len(lens)} waiting"
+            )
+        return int(value)
+
+    return checked
 
 
 def grade_admission(student_admit) -> Verdict:
@@ -136,16 +211,20 @@ def grade_admission(student_admit) -> Verdict:
     borrowed = library_verdict(qid, student_admit)
     if borrowed:
         return borrowed
-    rng = case_rng(qid)
-    cases = admission_traces(rng)
+    rngs = case_rngs(qid)
+    cases = admission_traces(rngs[0]) + [case for rng in rngs[1:] for case in admission_traces(rng, scripted=False)]
     for description, trace, slots, budget in cases:
         expected = _batches(admit_continuous, trace, slots, budget)
         try:
-            with LibraryCalls(admit_continuous) as calls:
-                got = _batches(student_admit, trace, slots, budget)
-        except NotImplementedError as exc:
-            return Verdict(qid, False, f"not implemented yet ({exc})" if str(exc) else "not implemented yet")
+            with LibraryCalls(*REFUSED[qid]) as calls:
+                got = _batches(_answers_checked(student_admit), trace, slots, budget)
+        except AdmissionAnswer as exc:
+            return Verdict(qid, False, f"on {description}, {exc}")
         except Exception as exc:  # noqa: BLE001 - the student's bug, as one line
+            if calls.seen:
+                return library_call_verdict(qid, calls.seen)
+            if isinstance(exc, NotImplementedError):
+                return Verdict(qid, False, f"not implemented yet ({exc})" if str(exc) else "not implemented yet")
             reason = next(
                 (why for wrong, why in KNOWN_MISTAKES if _safe_batches(wrong, trace, slots, budget) is None), None
             )
@@ -156,7 +235,7 @@ def grade_admission(student_admit) -> Verdict:
                 + (f" ({reason})" if reason else ""),
             )
         if calls.seen:
-            return library_call_verdict(qid, admit_continuous)
+            return library_call_verdict(qid, calls.seen)
         if got != expected:
             step = next(
                 i for i, (g, e) in enumerate(zip(got + [None] * len(expected), expected + [None] * len(got))) if g != e
@@ -209,7 +288,16 @@ def _requests(rng: random.Random, count: int) -> list[tuple[list[int], int, int]
     ]
 
 
-def grade_step_forward(student_step, model, requests: int = 8) -> Verdict:
+# The engines the step is checked in: continuous batching (whole prompts, decodes), then chunked
+# prefill with a budget smaller than the longer prompts (chunks that start mid-prompt and do not sample).
+STEP_ENGINES = (
+    ("continuous batching", dict(policy="continuous", max_num_seqs=3, max_num_batched_tokens=64, max_model_len=40)),
+    ("chunked prefill, budget 10", dict(policy="chunked", max_num_seqs=3, max_num_batched_tokens=10, max_model_len=40)),
+)
+
+
+def grade_step_forward(student_step, model=None, requests: int = 8) -> Verdict:
+    """`model` (default: the check's own, the profile's model as the course's Transformer) is for tests."""
     qid = STEP_QID
     if not callable(student_step):
         return Verdict(
@@ -218,12 +306,27 @@ def grade_step_forward(student_step, model, requests: int = 8) -> Verdict:
     borrowed = library_verdict(qid, student_step)
     if borrowed:
         return borrowed
-    rng = case_rng(qid)
-    cases = _requests(rng, requests)
-    engine, reference = (
-        Engine(model, policy="continuous", max_num_seqs=3, max_num_batched_tokens=64, max_model_len=40)
-        for _ in range(2)
+    model = model if model is not None else Transformer.from_hf(own_model())
+    forwards = 0
+    for rng in case_rngs(qid):
+        for name, settings in STEP_ENGINES:
+            verdict = _drive(student_step, model, _requests(rng, requests), name, settings)
+            if isinstance(verdict, Verdict):
+                return verdict
+            forwards += verdict
+    return Verdict(
+        qid,
+        True,
+        f"one model call per step; {requests} requests token-identical to greedy generation, with continuous "
+        f"batching and with chunked prefill (prompt chunks that do not sample included)",
     )
+
+
+def _drive(student_step, model, cases, engine_name: str, settings: dict) -> Verdict | int:
+    """Run `cases` through an engine whose steps the student's function computes, beside the
+    library's engine on the same schedule; a failing Verdict, or the number of steps it ran."""
+    qid = STEP_QID
+    engine, reference = Engine(model, **settings), Engine(model, **settings)
     expected: dict[str, list[int]] = {}
     counting = CountingModel(model)
     got: dict[str, list[int]] = {}
@@ -240,46 +343,54 @@ def grade_step_forward(student_step, model, requests: int = 8) -> Verdict:
         for out in reference.step():
             expected.setdefault(out.request_id, []).extend(out.new_token_ids)
         work = engine.scheduler.schedule()
+        where = f"with {engine_name}, step {step}"
         step += 1
         if not work:
             continue
         counting.calls.clear()
         forwards += 1
         try:
-            with LibraryCalls(flatten) as calls:
+            with LibraryCalls(*REFUSED[qid]) as calls:
                 tokens = student_step(counting, engine.kv_store.cache, work)
-        except NotImplementedError as exc:
-            return Verdict(qid, False, f"not implemented yet ({exc})" if str(exc) else "not implemented yet")
         except Exception as exc:  # noqa: BLE001
-            return Verdict(
-                qid, False, f"in step {step - 1} ({len(work)} sequences), raised {type(exc).__name__}: {exc}"
-            )
+            if calls.seen:
+                return library_call_verdict(qid, calls.seen)
+            if isinstance(exc, NotImplementedError):
+                return Verdict(qid, False, f"not implemented yet ({exc})" if str(exc) else "not implemented yet")
+            return Verdict(qid, False, f"{where} ({len(work)} items), raised {type(exc).__name__}: {exc}")
         if calls.seen:
-            return library_call_verdict(qid, flatten)
+            return library_call_verdict(qid, calls.seen)
         sampling = sum(item.samples for item in work)
         if len(counting.calls) != 1:
             return Verdict(
                 qid,
                 False,
-                f"step {step - 1} with {len(work)} sequences called the model "
-                f"{len(counting.calls)} times: a step is ONE forward over the flat batch "
-                f"of all its sequences' tokens",
+                f"{where} with {len(work)} items called the model {len(counting.calls)} times: a step is ONE "
+                f"forward over the flat batch of all its items' tokens",
             )
         rows, logits_rows = counting.calls[0]
         if logits_rows != sampling:
             return Verdict(
                 qid,
                 False,
-                f"step {step - 1} asked for logits of {logits_rows} rows of {rows}; only the "
-                f"sampling rows ({sampling} here) need them: pass logits_rows",
+                f"{where} asked for logits of {logits_rows} rows of {rows}; only the sampling rows "
+                f"({sampling} here) need them: pass logits_rows",
             )
         tokens = tokens.tolist() if hasattr(tokens, "tolist") else list(tokens)
         if len(tokens) != sampling:
+            chunks = len(work) - sampling
             return Verdict(
                 qid,
                 False,
-                f"step {step - 1} returned {len(tokens)} tokens for {sampling} sampling "
-                f"sequences: one token per work item that samples, in order",
+                f"{where} returned {len(tokens)} tokens for {sampling} sampling items of {len(work)}: one token "
+                f"per item that samples (item.samples), in order"
+                + (
+                    "; the other item is a prompt chunk with more of its prompt to come, which gives none"
+                    if chunks == 1
+                    else f"; the other {chunks} are prompt chunks with more of their prompts to come, which give none"
+                    if chunks
+                    else ""
+                ),
             )
         for out in engine.scheduler.update(work, [int(t) for t in tokens]):
             got.setdefault(out.request_id, []).extend(out.new_token_ids)
@@ -289,15 +400,11 @@ def grade_step_forward(student_step, model, requests: int = 8) -> Verdict:
             return Verdict(
                 qid,
                 False,
-                f"request {index} ({len(prompt)}-token prompt) is not greedy generation: "
-                f"{problem} (positions, slots or the sampling rows?)",
+                f"with {engine_name}, request {index} ({len(prompt)}-token prompt) is not greedy generation: "
+                f"{problem} (positions, slots or the sampling rows? a chunk starts at item.start, mid-prompt)",
             )
-    return Verdict(
-        qid,
-        True,
-        f"one model call in each of {forwards} steps; {requests} requests token-identical to greedy generation",
-    )
+    return forwards
 
 
-def check_step_forward(student_step, model) -> None:
+def check_step_forward(student_step, model=None) -> None:
     print(grade_step_forward(student_step, model).line)
