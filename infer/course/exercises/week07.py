@@ -5,8 +5,11 @@ completion stream, the TTFT, the gap before each later chunk (ITL), the E2EL and
 token count, as `vllm bench serve` measures them. The check replays streams recorded from the
 course server (results/07_recorded_streams.json) and variants of them that real servers produce:
 a keep-alive comment before the first chunk, a chunk whose text is empty, several tokens in one
-chunk, no usage message. A wrong answer is recomputed the usual wrong ways, and the message names
-the one that matches.
+chunk, no usage message, a `[DONE]` that comes late; at grading, also time-warped copies no student
+saw. A wrong answer is recomputed the usual wrong ways, and the message names the one that matches.
+
+The function may not call a course-library function that computes the timing (REFUSED, watched as
+calls, so a wrapper around `stream_record` fails too); `parse_sse_line` is given on purpose.
 """
 
 import asyncio
@@ -14,12 +17,15 @@ import json
 import math
 import time
 
-from infer.course.checks import Case, Verdict, as_number, distinct_pair, grade_function
-from infer.metrics import request_latencies_ms, results_dir
+from infer.course.checks import Case, Verdict, as_number, case_rngs, distinct_pair, grade_function
+from infer.metrics import calculate_metrics, request_latencies_ms, results_dir
 from infer.paths import REPO_ROOT
-from infer.serve.client import parse_sse_line, stream_record
+from infer.serve.client import detailed_fields, parse_sse_line, stream_record
 
 QID = "07.lab.stream_timing"
+# What the exercise must not call: every course-library function that computes the timing.
+REFUSED = {QID: (stream_record, request_latencies_ms, calculate_metrics, detailed_fields)}
+GIVEN = {QID: (parse_sse_line,)}
 RECORDED_STREAMS = "07_recorded_streams.json"
 KEYS = ("ttft_ms", "itl_ms", "e2el_ms", "completion_tokens")
 
@@ -97,20 +103,46 @@ def without_usage(send_time, events):
     ]
 
 
+def with_a_late_done(send_time, events, late_s: float = 0.25):
+    """`data: [DONE]` (and what follows it) arrives `late_s` after the rest: it ends nothing the
+    client measures."""
+    done = next(i for i, (_, line) in enumerate(events) if line.strip() == "data: [DONE]")
+    return send_time, events[:done] + [(t + late_s, line) for t, line in events[done:]]
+
+
 VARIANTS = (
     ("as recorded", lambda s, e: (s, e)),
     ("with a ': ping' comment first", with_ping_first),
     ("with an empty-text chunk", with_an_empty_chunk),
     ("with 3 tokens per chunk", with_merged_chunks),
     ("without a usage message", without_usage),
+    ("with a late [DONE]", with_a_late_done),
 )
+
+
+def time_warped(rng, send_time, events):
+    """The same lines at new times: every gap between arrivals scaled by its own random factor, the
+    whole stream moved: a stream nobody saw."""
+    shift = rng.uniform(10.0, 1000.0)
+    warped, before, now = [], send_time, send_time + shift
+    for arrival, line in events:
+        now += (arrival - before) * rng.uniform(0.3, 3.0)
+        before = arrival
+        warped.append((now, line))
+    return send_time + shift, warped
 
 
 def cases() -> list[Case]:
     out = []
-    for number, (send_time, events) in enumerate(load_recorded_streams()):
+    recorded = load_recorded_streams()
+    for number, (send_time, events) in enumerate(recorded):
         for name, variant in VARIANTS:
             out.append(Case(f"recorded stream {number} {name}", variant(send_time, events)))
+    for rng in case_rngs(QID)[1:]:  # at grading only
+        for number, (send_time, events) in enumerate(recorded):
+            warped = time_warped(rng, send_time, events)
+            for name, variant in VARIANTS:
+                out.append(Case(f"recorded stream {number}, time-warped, {name}", variant(*warped)))
     return out
 
 
@@ -143,6 +175,7 @@ def mistakes(send_time, events) -> list[tuple[str, dict]]:
     every_message = _chunk_times(events, lambda m: True)
     non_empty = _chunk_times(events, lambda m: bool(m.get("choices")) and m["choices"][0].get("text"))
     first_line = events[0][0]
+    done = [t for t, line in events if line.strip() == "data: [DONE]"]
     found = [
         (
             "the usage message (empty `choices`) was counted as an output chunk: it carries no token, so it adds "
@@ -168,6 +201,14 @@ def mistakes(send_time, events) -> list[tuple[str, dict]]:
             _timing_from(send_time, [t for t, line in events if line != "data: [DONE]"], tokens),
         ),
     ]
+    if done:
+        found.append(
+            (
+                "the E2EL ends at `data: [DONE]`; it ends at the last output chunk (the usage message and "
+                "[DONE] carry no token, and vLLM's client stops the clock at the last chunk)",
+                {**right, "e2el_ms": (done[-1] - send_time) * 1e3},
+            )
+        )
     return [(why, wrong) for why, wrong in found if not _same(wrong, right)]
 
 
@@ -193,6 +234,12 @@ def _as_timing(got) -> tuple[dict | None, str | None]:
         return None, f"the key {missing[0]!r} is missing"
     timing = {}
     for key in ("ttft_ms", "e2el_ms", "completion_tokens"):
+        if got[key] is None:
+            return None, f"{key} is None: " + (
+                "take the usage message's completion_tokens when the stream has one, else count the output chunks"
+                if key == "completion_tokens"
+                else "expected a number of milliseconds"
+            )
         value, problem = as_number(got[key], None if key == "completion_tokens" else "ms")
         if problem:
             return None, f"{key}: {problem}"
@@ -240,13 +287,15 @@ def compare_timing(got, expected) -> str | None:
 
 def grade_stream_timing(student_stream_timing) -> Verdict:
     all_cases = cases()
+    visible = len(load_recorded_streams()) * len(VARIANTS)
     return grade_function(
         QID,
         student_stream_timing,
         lambda send_time, events: (reference_timing(send_time, events), send_time, events),
         all_cases,
         compare_timing,
-        f"TTFT, ITL, E2EL and token counts match on {len(all_cases)} recorded streams and variants",
+        f"TTFT, ITL, E2EL and token counts match on {visible} recorded streams and variants",
+        forbidden=REFUSED[QID],
     )
 
 
