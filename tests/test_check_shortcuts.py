@@ -371,3 +371,25 @@ def test_a_wrapper_around_the_library_function_fails():
 def test_an_honest_function_that_uses_other_library_helpers_passes():
     verdict = week04.grade_merge(merge)  # merge() itself runs no library code; block_state in tiled() is allowed
     assert verdict.ok, verdict.line
+
+
+# ---------------------------------------------------------------- every lab says what it refuses
+
+
+@pytest.mark.parametrize("week", ["01", "02", "03", "04", "05", "07"])
+def test_each_lab_introduction_names_what_it_refuses_and_what_it_gives(week):
+    import importlib
+
+    import nbformat
+
+    from infer.course.checks import library_origin
+    from tests.notebook_files import REPO_ROOT
+
+    module = importlib.import_module(f"infer.course.exercises.week{week}")
+    (solution,) = (REPO_ROOT / "solutions").glob(f"{week}_*.ipynb")
+    introduction = nbformat.read(solution, as_version=4).cells[0].source
+    introduction = " ".join(introduction.split())
+    named = [library_origin(f) for refused in module.REFUSED.values() for f in refused]
+    named += [library_origin(f) for given in getattr(module, "GIVEN", {}).values() for f in given]
+    missing = [name for name in named if f"`{name}`" not in introduction]
+    assert not missing, f"lab {week}'s introduction does not name {missing}"
