@@ -78,6 +78,7 @@ from tqdm import tqdm
 from infer.course import sandbox
 from infer.course.checks import GRADING_SALT_ENV
 from infer.course.labgen import CHECK_MARK, END
+from infer.course.notebooks import poll_in_slices
 from infer.paths import REPO_ROOT
 
 GRADEBOOK_CSV, GRADEBOOK_JSON, GRADED_DIR = "gradebook.csv", "gradebook.json", "graded"
@@ -424,6 +425,17 @@ def read_submission(path: Path):
         return NOT_A_NOTEBOOK, f"{path.name} is not a readable notebook ({type(error).__name__}: {error})"
 
 
+class GradingClient(NotebookClient):
+    """nbclient's executor, polling its kernel's replies in slices (infer.course.notebooks'
+    poll_in_slices): a reply that arrives with widget messages is not left waiting for the cell limit."""
+
+    async def async_start_new_kernel_client(self):
+        client = await super().async_start_new_kernel_client()
+        poll_in_slices(client.shell_channel)
+        poll_in_slices(client.iopub_channel)
+        return client
+
+
 class SandboxedKernelManager(AsyncKernelManager):
     """jupyter_client's kernel manager, starting the kernel through infer.course.sandbox's
     launcher (`launcher`: its command prefix) and talking to it over Unix sockets in the kernel's
@@ -471,7 +483,7 @@ def run_cells(notebook, workdir: Path, limits: Limits, session: Session | None =
     session = session or plain_session(workdir)
     if session.mode == "nobody":
         os.chown(workdir, sandbox.NOBODY_UID, sandbox.NOBODY_GID)
-    client = NotebookClient(
+    client = GradingClient(
         notebook,
         km=_kernel_manager(workdir, session, limits),
         kernel_name="python3",
