@@ -98,6 +98,14 @@ def running_vllm_server(
         yield url
 
 
+def exact_random_workload(input_len: int, output_len: int, num_prompts: int, seed: int) -> list[str]:
+    """`vllm bench serve`'s random dataset at exact lengths: no length spread, greedy, EOS ignored,
+    so that every request is exactly input_len in and output_len out."""
+    return ["--dataset-name", "random", "--random-input-len", str(input_len), "--random-output-len", str(output_len),
+            "--random-range-ratio", "0", "--ignore-eos", "--temperature", "0", "--seed", str(seed),
+            "--num-prompts", str(num_prompts)]  # fmt: skip
+
+
 def bench_command(
     base_url: str,
     model: str,
@@ -129,21 +137,7 @@ def bench_command(
         model,
         "--tokenizer",
         str(tokenizer),
-        "--dataset-name",
-        "random",
-        "--random-input-len",
-        str(input_len),
-        "--random-output-len",
-        str(output_len),
-        "--random-range-ratio",
-        "0",
-        "--ignore-eos",
-        "--temperature",
-        "0",
-        "--seed",
-        str(seed),
-        "--num-prompts",
-        str(num_prompts),
+        *exact_random_workload(input_len, output_len, num_prompts, seed),
         "--request-rate",
         str(request_rate),
         "--burstiness",
@@ -296,21 +290,7 @@ def vllm_commands(
                 "/v1/completions",
                 "--model",
                 model_id,
-                "--dataset-name",
-                "random",
-                "--random-input-len",
-                str(input_len),
-                "--random-output-len",
-                str(output_len),
-                "--random-range-ratio",
-                "0",
-                "--ignore-eos",
-                "--temperature",
-                "0",
-                "--seed",
-                "0",
-                "--num-prompts",
-                str(grid.num_prompts),
+                *exact_random_workload(input_len, output_len, grid.num_prompts, seed=0),
                 "--request-rate",
                 "inf",
                 "--max-concurrency",
