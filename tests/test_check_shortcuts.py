@@ -393,3 +393,48 @@ def test_each_lab_introduction_names_what_it_refuses_and_what_it_gives(week):
     named += [library_origin(f) for given in getattr(module, "GIVEN", {}).values() for f in given]
     missing = [name for name in named if f"`{name}`" not in introduction]
     assert not missing, f"lab {week}'s introduction does not name {missing}"
+
+
+# ---------------------------------------------------------------- at grading, the same ✅ line
+
+
+def _honest_checks(tiny):
+    from infer.course.exercises import week05, week07
+    from infer.model import Transformer
+    from tests.test_exercises_week02 import honest_concurrency
+    from tests.test_exercises_week03 import goodput, metrics
+    from tests.test_exercises_week05 import flat_step, written_admit
+    from tests.test_exercises_week07 import stream_timing
+
+    course_model = Transformer.from_hf(tiny.model)
+    return [
+        lambda: week01.grade_naive_loop(naive_loop, tiny.model, prompts=2),
+        lambda: week01.grade_ttft_tpot(lambda s, t: ((t[0] - s) * 1e3, (t[-1] - t[0]) / (len(t) - 1) * 1e3)),
+        lambda: week01.grade_intensity(lambda m, k, n, b: 2 * m * k * n / (b * (m * k + k * n + m * n))),
+        lambda: week02.grade_kv_cache(PreallocatedCache, tiny.model),
+        lambda: week02.grade_cached_loop(cached_loop, tiny.model, prompts=2),
+        lambda: week02.grade_kv_bytes(lambda layers, heads, dim, b: 2 * layers * heads * dim * b),
+        lambda: week02.grade_concurrency(honest_concurrency),
+        lambda: week03.grade_latencies(latencies),
+        lambda: week03.grade_serving_metrics(metrics),
+        lambda: week03.grade_goodput(goodput),
+        lambda: week04.grade_merge(merge),
+        lambda: week04.grade_tiled(tiled),
+        lambda: week04.grade_score_bytes(lambda batch, heads, n, b: batch * heads * n * n * b),
+        lambda: week05.grade_admission(written_admit),
+        lambda: week05.grade_step_forward(flat_step, course_model),
+        lambda: week07.grade_stream_timing(stream_timing),
+    ]
+
+
+def test_an_honest_function_prints_the_same_line_at_home_and_at_grading(tiny, monkeypatch):
+    """The grader compares each check's line with the solution's, run at home: the cases nobody saw
+    must not change a passing line (a count of cases in it, say)."""
+    from infer.course.checks import GRADING_SALT_ENV
+
+    monkeypatch.delenv(GRADING_SALT_ENV, raising=False)
+    at_home = [grade() for grade in _honest_checks(tiny)]
+    monkeypatch.setenv(GRADING_SALT_ENV, "a grading run")
+    at_grading = [grade() for grade in _honest_checks(tiny)]
+    for home, graded in zip(at_home, at_grading):
+        assert home.ok and graded.line == home.line, (home.line, graded.line)
