@@ -283,3 +283,13 @@ def test_a_refused_call_is_named_even_when_it_raises():
 
     line = grade_function("99.f", borrows_and_breaks, _double, _cases(), close_to(), "", [request_latencies_ms]).line
     assert "calls the course library's own infer.metrics.request_latencies_ms" in line, line
+
+
+def test_whole_numbers_are_printed_whole():
+    from infer.course.checks import distinct_pair
+
+    assert distinct_pair(65536.0, 131072) == ("65536", "131072")
+    assert distinct_pair(2097152, 68719476736.0) == ("2097152", "68719476736")
+    assert distinct_pair(0.9987, 0.99871) == ("0.9987", "0.99871")
+    key = sealed_key("99.q8", {"kind": "number", "unit": "bytes", "tolerance": "exact"}, 131072)
+    assert "65536 bytes is not the exact answer" in grade_answer("99.q8", 65536, key).line

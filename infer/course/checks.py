@@ -487,7 +487,9 @@ def _as_id_list(ids) -> list[int] | None:
 
 def distinct_pair(got: float, expected: float) -> tuple[str, str]:
     """The two numbers printed with just enough digits to tell them apart (never "got 0.9987,
-    expected 0.9987")."""
+    expected 0.9987"); whole numbers as whole numbers (65536, not 6.554e+04)."""
+    if all(float(x).is_integer() and abs(x) < 1e16 for x in (got, expected)):
+        return f"{int(got)}", f"{int(expected)}"
     for digits in range(4, 18):
         shown = f"{got:.{digits}g}", f"{expected:.{digits}g}"
         if shown[0] != shown[1]:
