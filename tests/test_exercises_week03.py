@@ -250,3 +250,12 @@ def test_a_hard_coded_answer_passes_at_home_and_fails_at_grading(monkeypatch):
     answers[:] = list(seen.values())
     verdict = week03.grade_goodput(hard_coded)
     assert not verdict.ok and "got 0 req/s" in verdict.line, verdict.line
+
+
+def test_q2_takes_both_edges_of_its_tolerance():
+    from infer.course.checks import grade_answer
+
+    for edge in (50 * 1.01, 50 * 0.99, 50.5, 49.5):
+        assert grade_answer("03.q2", edge).ok, edge
+    for outside in (50.51, 49.49):
+        assert not grade_answer("03.q2", outside).ok, outside
