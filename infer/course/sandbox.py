@@ -10,8 +10,9 @@ kernel command through it, and the grader prints one line saying which it got:
 - "nobody" (the grader runs as root): the kernel gets its own mount, network, PID, IPC and host
   namespaces and runs as the user `nobody`. In its mount namespace the folders named in
   `Plan.hide` (the instructor's home, /home, /root, /tmp, /var/tmp, /dev/shm, the submissions
-  folder, the solutions) are covered by empty tmpfs mounts, the interpreter and the course are
-  bound back read-only (`Plan.show`), and only its own folder is writable. Its network namespace
+  folder, the solutions, the repository's history and built sites) are covered by empty tmpfs
+  mounts, the interpreter and the course are bound back read-only (`Plan.show`), and only its own
+  folder is writable. Its network namespace
   has a loopback of its own and nothing else: lab 07's server and client talk on it, and nothing
   outside can be reached (the grader talks to the kernel over Unix sockets in that folder, which
   need no network). In its PID namespace it sees and can signal only its own processes, and all
@@ -112,7 +113,9 @@ def default_hidden(submissions: Path, extra: tuple[Path, ...] = ()) -> tuple[str
 
     home = Path(os.environ.get("HOME") or Path.home())
     paths = [home, Path("/root"), Path("/home"), Path("/tmp"), Path("/var/tmp"), Path("/dev/shm")]
-    paths += [Path(tempfile.gettempdir()), submissions, REPO_ROOT / "solutions", *extra]
+    # the solutions, and where they also live: the history and the instructors' built site
+    paths += [Path(tempfile.gettempdir()), submissions, REPO_ROOT / "solutions", REPO_ROOT / ".git"]
+    paths += [REPO_ROOT / "_build", *extra]
     return tuple(sorted({str(p.resolve()) for p in paths if p.exists()}))
 
 
