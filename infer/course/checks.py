@@ -57,7 +57,7 @@ UNIT_SLIPS = {
     "req/s": [("req/ms", 1e3)],
 }
 LIBRARY_PACKAGE = "infer"
-EDGE_SLACK = 1e-9  # relative: float rounding at a tolerance's edge (see _grade_number)
+EDGE_SLACK = 1e-12  # relative: float rounding at a tolerance's edge (see _grade_number)
 
 
 @dataclass(frozen=True)
@@ -268,7 +268,7 @@ def _grade_number(qid: str, answer: Any, key: dict) -> Verdict:
     if problem:
         return Verdict(qid, False, problem)
     low, high = key_interval(qid, key)
-    # An answer exactly on a stated edge (50 x 1.01) passes on both sides: a relative 1e-9 absorbs
+    # An answer exactly on a stated edge (50 x 1.01) passes on both sides: a relative 1e-12 absorbs
     # the float rounding of the key's value and of the student's arithmetic, and nothing else.
     slack = EDGE_SLACK * max(abs(low), abs(high)) if key["tolerance"] != "exact" else 0.0
     if low - slack <= value <= high + slack:
