@@ -20,11 +20,13 @@ from infer.serve.server import EngineSettings, start_server
 MAX_MODEL_LEN = 512
 
 
-@pytest.fixture(scope="module")
-def server(tiny):
-    with start_server(
-        tiny, EngineSettings(max_num_seqs=4, max_num_batched_tokens=512, max_model_len=MAX_MODEL_LEN), model_name="tiny"
-    ) as running:
+@pytest.fixture(scope="module", params=[True, False], ids=["engine process", "engine thread"])
+def server(tiny, request):
+    """The server with its engine core in a process of its own (the default), then in a thread."""
+    settings = EngineSettings(
+        max_num_seqs=4, max_num_batched_tokens=512, max_model_len=MAX_MODEL_LEN, engine_process=request.param
+    )
+    with start_server(tiny, settings, model_name="tiny") as running:
         yield running
 
 

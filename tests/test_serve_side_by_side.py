@@ -18,8 +18,14 @@ from infer.provenance import provenance
 from infer.serve.vllm_server import bench_command, gpu_commands, server_command
 
 ROUNDS = 3
-BASE = {"transformers-sequential": 100.0, "course-server": 300.0, "vllm-server": 400.0}
+BASE = {
+    "transformers-sequential": 100.0,
+    "course-server": 300.0,
+    "course-server-in-process": 250.0,
+    "vllm-server": 400.0,
+}
 COURSE_SPEED_BY_ROUND = (1.0, 1.1, 0.8)  # course / vLLM: 0.75, 0.825, 0.6 in rounds 0, 1, 2
+TPOT_MS = {"course-server": 30.0, "vllm-server": 20.0}  # course / vLLM: 1.5
 
 
 def run(system, concurrency, round_index, num_prompts=128):
@@ -32,7 +38,10 @@ def run(system, concurrency, round_index, num_prompts=128):
         failed=0,
         output_throughput=throughput,
         request_throughput=throughput / 64,
+        median_tpot_ms=TPOT_MS.get(system, 10.0),
     )
+    if system.startswith("course-server"):
+        result["breakdown"] = {"forward": 10.0 + round_index, "sse": 1.0, "steps": 100.0}
     return run_row(system, concurrency, round_index, result)
 
 
@@ -46,6 +55,9 @@ def test_ratios_are_taken_within_each_round_then_summarized():
     assert ratio["per_round"] == pytest.approx([0.75, 0.825, 0.6])
     assert (ratio["median"], ratio["min"], ratio["max"]) == pytest.approx((0.75, 0.6, 0.825))
     assert summary["course_vs_sequential_output_throughput"]["median"] == pytest.approx(3.0)
+    assert summary["split_vs_in_process_output_throughput"]["median"] == pytest.approx(1.2)
+    assert summary["course_vs_vllm_median_tpot_c1"]["median"] == pytest.approx(1.5)
+    assert summary["target_met"] == {"output_throughput_c32": False, "median_tpot_c1": False}
     assert "course_vs_vllm_output_throughput" not in summarize([r for r in RUNS if r["system"] != "vllm-server"], 3)
 
 
@@ -55,6 +67,8 @@ def test_medians_over_rounds_keep_the_throughputs_range():
     assert course["rounds"] == ROUNDS
     assert course["output_throughput"] == pytest.approx(600.0)
     assert (course["output_throughput_min"], course["output_throughput_max"]) == pytest.approx((480.0, 660.0))
+    assert course["breakdown"] == {"forward": 11.0, "sse": 1.0, "steps": 100.0}, "each part's median over the rounds"
+    assert "breakdown" not in rows[("vllm-server", 4)]
 
 
 def test_table_shows_a_p90_only_where_the_requests_support_it_and_the_figure(tiny):
@@ -68,17 +82,19 @@ def test_table_shows_a_p90_only_where_the_requests_support_it_and_the_figure(tin
 
 
 def test_cores_are_read_from_the_servers_logs(tmp_path):
-    course, vllm = tmp_path / "course.log", tmp_path / "vllm.log"
-    course.write_text("device: cpu (2 threads) | model: tiny (3.0M params) | weights: random\n")
+    course, in_process, vllm = tmp_path / "course.log", tmp_path / "in_process.log", tmp_path / "vllm.log"
+    course.write_text("device: cpu (2 threads) | model: tiny\nengine core: process 123, 1 torch thread(s)\n")
+    in_process.write_text("device: cpu (2 threads) | model: tiny (3.0M params) | weights: random\n")
     vllm.write_text(
         "INFO OpenMP thread binding info:\n\tlocal_rank=0, core ids=[1]\n\treserved_cpus=[0]\n"
         "INFO Reducing Torch threads from 2 to 1 for serving.\n"
     )
-    cores = cores_used(course, vllm)
-    assert cores["course-server"].startswith("cpu (2 threads)")
+    cores = cores_used(course, in_process, vllm)
+    assert "engine core on 1 torch thread(s), in a process of its own" in cores["course-server"]
+    assert cores["course-server-in-process"].startswith("cpu (2 threads), in one process")
     assert "cores [1]" in cores["vllm-server"] and "cores [0] reserved" in cores["vllm-server"]
     assert "from 2 to 1" in cores["vllm-server"]
-    assert "vllm-server" not in cores_used(course, None)
+    assert "vllm-server" not in cores_used(course, in_process, None)
 
 
 def test_vllm_commands_stay_on_loopback_and_carry_the_workload():

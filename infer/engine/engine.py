@@ -1,10 +1,12 @@
 """The engine loop: add requests, then step until none is left. Each step is three moves:
 
-    work = scheduler.schedule()          # who runs, and how many of their tokens
-    tokens = runner.run(work)            # one forward pass over the flat batch, then sampling
+    work = scheduler.schedule()                # who runs, and how many of their tokens
+    tokens = runner.sample(work, runner.forward(work))   # one forward pass over the flat batch, then sampling
     outputs = scheduler.update(work, tokens)   # append tokens, retire the finished, free their slots
 
-With `log_steps=True` the engine keeps a StepRecord of every step (infer.engine.step_record).
+With `log_steps=True` the engine keeps a StepRecord of every step (infer.engine.step_record);
+`phase_times` sums the wall time of each move over all steps, and `stats()` is what a server's
+gauges show.
 `add_request`, `step` and `abort` hold one lock, so a server may add and abort requests from
 other threads while one background thread calls `step` (week 07).
 """
@@ -13,6 +15,7 @@ import itertools
 import numbers
 import threading
 from collections.abc import Sequence as Seq
+from dataclasses import dataclass
 
 import torch
 from tqdm.auto import tqdm
@@ -21,10 +24,24 @@ from infer.engine.clock import WallClock
 from infer.engine.kv_store import KVStore, SlotKVStore
 from infer.engine.model_runner import ModelRunner
 from infer.engine.paged_kv_store import PagedKVStore
+from infer.engine.phase_times import PhaseTimes
 from infer.engine.sampler import Sampler
 from infer.engine.scheduler import Limits, Policy, Scheduler, make_policy
 from infer.engine.sequence import CompletionResult, RequestOutput, SamplingParams, Sequence
 from infer.engine.step_record import StepRecord, step_items
+
+
+@dataclass(frozen=True)
+class EngineStats:
+    """The engine's state at one moment, as a server's gauges and counters show it (week 07)."""
+
+    num_running: int  # sequences holding KV room
+    num_waiting: int
+    kv_cache_usage: float  # fraction of the KV store in use
+    num_preemptions: int  # since the engine started
+    prefix_cache_hit_rate: float  # 0 for a store without prefix caching
+    num_steps: int
+    phase_seconds: dict[str, float]  # PhaseTimes.seconds: schedule, forward, sample, update
 
 
 class Engine:
@@ -101,6 +118,7 @@ class Engine:
         self.lock = threading.RLock()
         self.step_log: list[StepRecord] | None = [] if log_steps else None
         self.num_steps = 0
+        self.phase_times = PhaseTimes()
 
     # ------------------------------------------------------------ requests in
 
@@ -204,19 +222,37 @@ class Engine:
     def prefix_cache_hit_rate(self) -> float:
         return getattr(self.kv_store, "hit_rate", 0.0)  # 0 for a store without prefix caching
 
+    def stats(self) -> EngineStats:
+        with self.lock:
+            return EngineStats(
+                self.num_running,
+                self.num_waiting,
+                self.kv_cache_usage,
+                self.num_preemptions,
+                self.prefix_cache_hit_rate,
+                self.num_steps,
+                dict(self.phase_times.seconds),
+            )
+
     # ------------------------------------------------------------ the loop
 
     def step(self) -> list[RequestOutput]:
         """Run one step; return what it produced, one output per request that got a token."""
+        timed = self.phase_times
         with self.lock:
             start = self.clock.now()
-            work = self.scheduler.schedule()
+            with timed("schedule"):
+                work = self.scheduler.schedule()
             if not work:
                 return []
             items = step_items(work) if self.step_log is not None else ()  # before update changes the sequences
             num_running = len(self.scheduler.running)
-            tokens = self.runner.run(work)  # ends with the sampled tokens on the host: the device is synchronized
-            outputs = self.scheduler.update(work, tokens)
+            with timed("forward"):
+                logits = self.runner.forward(work)
+            with timed("sample"):
+                tokens = self.runner.sample(work, logits)  # the tokens on the host: the device is synchronized
+            with timed("update"):
+                outputs = self.scheduler.update(work, tokens)
             for out in outputs:
                 if out.finished:
                     del self.requests[out.request_id]

@@ -62,11 +62,14 @@ class ModelRunner:
         self.num_forwards = 0  # how many model calls so far: one per step
 
     @torch.no_grad()
-    def run(self, work: list[Work]) -> list[int]:
-        """Run the step's work in one forward; return one sampled token per item that samples."""
+    def forward(self, work: list[Work]) -> torch.Tensor:
+        """Run the step's work in one forward; return the logits of the rows that sample."""
         batch = flatten(work, self.device, with_slots=False)
         kv = PagedKV.for_runs(self.kv_store.cache, step_runs(work), [item.seq.block_table for item in work])
         self.num_forwards += 1
-        logits = self.model(batch.token_ids, batch.positions, kv, logits_rows=batch.logits_rows.to(self.device))
+        return self.model(batch.token_ids, batch.positions, kv, logits_rows=batch.logits_rows.to(self.device))
+
+    def sample(self, work: list[Work], logits: torch.Tensor) -> list[int]:
+        """One sampled token per item that samples, in work order."""
         sampling = [item.seq for item in work if item.samples]
         return self.sampler.sample(logits, [s.request_id for s in sampling], [s.params for s in sampling])

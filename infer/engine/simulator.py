@@ -41,12 +41,14 @@ class CostModelRunner:
         self.cost_model, self.clock = cost_model, clock
         self.num_forwards = 0
 
-    def run(self, work: list[Work]) -> list[int]:
+    def forward(self, work: list[Work]) -> None:
         step_ms = self.cost_model.step_ms(StepShape.of(step_items(work)))
         if not (math.isfinite(step_ms) and step_ms >= 0):
             raise ValueError(f"the cost model returned {step_ms} ms for a step: a step costs a finite time >= 0")
         self.clock.advance(step_ms / 1e3)
         self.num_forwards += 1
+
+    def sample(self, work: list[Work], logits: None) -> list[int]:
         return [PLACEHOLDER_TOKEN] * sum(item.samples for item in work)
 
 

@@ -1,5 +1,6 @@
-"""Three servers, one workload, in interleaved rounds: `transformers` sequential `generate()`
-(week 03's baseline), the course engine behind its server, and vLLM behind its own server.
+"""Four systems, one workload, in interleaved rounds: `transformers` sequential `generate()`
+(week 03's baseline), the course engine behind its server (its engine core in a process of its
+own, the default, and in a thread of the server's process), and vLLM behind its own server.
 
     python -m infer.experiments.side_by_side      # writes results/07_side_by_side_<profile>.json and a figure
 
@@ -9,15 +10,18 @@ concurrency), serving the same weights (the vLLM server loads the folder that ex
 The sequential baseline is week 03's in-process harness on the same prompts (the course client's
 workload_for_model draws vLLM's random dataset): same metrics, no HTTP at all.
 
-Each concurrency (1, 4, 16, 32) is measured in rounds: vLLM, course, sequential, vLLM, course,
-sequential, ... (three), both servers running throughout, so that a slow spell of the machine
-hits every system alike. The summary holds each system's median over the rounds with their
-range, and the course server's output throughput over vLLM's, taken within each round.
+Each concurrency (1, 4, 16, 32) is measured in rounds: vLLM, course, course in-process,
+sequential, vLLM, ... (three), every server running throughout, so that a slow spell of the
+machine hits every system alike. The summary holds each system's median over the rounds with
+their range; the course server's output throughput over vLLM's at concurrency 32 and its median
+TPOT against vLLM's at concurrency 1 (issue 21's targets), taken within each round; and, from the
+course servers' own time counters read before and after each run, where a serving step goes
+(infer.experiments.serving_breakdown).
 
-Cores: the course server computes on as many torch threads as the machine has cores, in the
-process that also runs its HTTP front end; vLLM's CPU build binds one OpenMP thread per core it
-computes on and reserves a core for its front end and scheduler (on two cores: one each). The
-run records both as the servers' logs state them.
+Cores: the course server's engine computes on as many torch threads as the machine has cores;
+vLLM's CPU build binds one OpenMP thread per core it computes on and reserves a core for its
+front end and scheduler (on two cores: one each). The run records both as the servers' logs
+state them.
 """
 
 import argparse
@@ -26,7 +30,7 @@ import re
 import statistics
 import time
 from collections.abc import Callable
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import torch
@@ -34,6 +38,7 @@ from tqdm.auto import tqdm
 
 from infer.experiments.rounds import MIN_ROUNDS, format_spread, interleaved_rounds, ratio_spread, spread
 from infer.experiments.sequential_baseline import run_sequential_server, supported_percentiles
+from infer.experiments.serving_breakdown import format_breakdown, per_step_ms, plot_breakdown, scrape_time_counters
 from infer.metrics import calculate_metrics, save_results
 from infer.models import load_model
 from infer.profiles import dtype_name, pick_profile
@@ -45,10 +50,12 @@ from infer.serve.vllm_server import KV_CACHE_GIB, run_vllm_bench, running_vllm_s
 
 CONCURRENCY = (1, 4, 16, 32)
 INPUT_LEN, OUTPUT_LEN = 256, 64
-SYSTEMS = ("transformers-sequential", "course-server", "vllm-server")
-ROUND_ORDER = ("vllm-server", "course-server", "transformers-sequential")  # each round, in this order
+SYSTEMS = ("transformers-sequential", "course-server", "course-server-in-process", "vllm-server")
+ROUND_ORDER = ("vllm-server", "course-server", "course-server-in-process", "transformers-sequential")  # each round
+COURSE_SERVERS = {"course-server": True, "course-server-in-process": False}  # name: engine in its own process?
 SUMMARY_CONCURRENCY = max(CONCURRENCY)
-TARGET_COURSE_VS_VLLM = 0.8
+TPOT_CONCURRENCY = min(CONCURRENCY)
+TARGET_COURSE_VS_VLLM = 1.0  # issue 21: output throughput at concurrency 32, and TPOT at concurrency 1 no higher
 
 
 def prompts_for(concurrency: int) -> int:
@@ -71,6 +78,13 @@ def bench_server(url: str, lm, folder: Path, result_dir: Path, name: str, concur
         max_concurrency=concurrency,
         seed=concurrency,
     )
+
+
+def bench_course_server(url: str, lm, folder: Path, result_dir: Path, name: str, concurrency: int) -> dict:
+    """`bench_server`, with where the server's steps went during the run (its /metrics time counters)."""
+    before = scrape_time_counters(url)
+    result = bench_server(url, lm, folder, result_dir, name, concurrency)
+    return {**result, "breakdown": per_step_ms(before, scrape_time_counters(url), result["duration"])}
 
 
 def run_sequential(lm, concurrency: int) -> dict:
@@ -117,36 +131,47 @@ def run_servers(
     log_dir: str = "_build/serve_logs",
     vllm_url: str | None = None,
 ) -> tuple[list[dict], dict]:
-    """Both HTTP servers (each a process of its own, logs in `log_dir`) and the sequential baseline,
+    """The HTTP servers (each a process of its own, logs in `log_dir`) and the sequential baseline,
     at every concurrency in interleaved rounds; and the cores each server computed on. `vllm_url`:
     a vLLM server already running (serving the exported folder under the model's name)."""
     log_dir = Path(log_dir)
     log_dir.mkdir(parents=True, exist_ok=True)
     folder, bench_dir = export_model(lm), log_dir / "bench"
     course_log, vllm_log = log_dir / "course_server.log", log_dir / "server.log"
-    with running_server_process(lm.profile.name, settings, course_log) as course_url:
+    in_process, in_process_log = replace(settings, engine_process=False), log_dir / "course_server_in_process.log"
+    with (
+        running_server_process(lm.profile.name, settings, course_log) as course_url,
+        running_server_process(lm.profile.name, in_process, in_process_log) as thread_url,
+    ):
         systems = {
-            "course-server": lambda c, name: bench_server(course_url, lm, folder, bench_dir, name, c),
+            "course-server": lambda c, name: bench_course_server(course_url, lm, folder, bench_dir, name, c),
+            "course-server-in-process": lambda c, name: bench_course_server(thread_url, lm, folder, bench_dir, name, c),
             "transformers-sequential": lambda c, name: run_sequential(lm, c),
         }
         reason = None if vllm_url else vllm_missing_reason()
         if reason:
             print(f"vLLM skipped: {reason}")
-            return measure(systems, rounds, progress), cores_used(course_log, None)
+            return measure(systems, rounds, progress), cores_used(course_log, in_process_log, None)
         if vllm_url:
             systems["vllm-server"] = lambda c, name: bench_server(vllm_url, lm, folder, bench_dir, name, c)
-            return measure(systems, rounds, progress), cores_used(course_log, None)
+            return measure(systems, rounds, progress), cores_used(course_log, in_process_log, None)
         with running_vllm_server(
             folder, lm.name, vllm_log, dtype=dtype_name(lm.dtype), max_model_len=settings.max_model_len
         ) as url:
             systems["vllm-server"] = lambda c, name: bench_server(url, lm, folder, bench_dir, name, c)
-            return measure(systems, rounds, progress), cores_used(course_log, vllm_log)
+            return measure(systems, rounds, progress), cores_used(course_log, in_process_log, vllm_log)
 
 
-def cores_used(course_log: Path, vllm_log: Path | None) -> dict:
+def cores_used(course_log: Path, in_process_log: Path, vllm_log: Path | None) -> dict:
     """What each server's log says about the cores its model computed on."""
-    course = re.search(r"device: ([^|]+?) \|", course_log.read_text())
-    cores = {"course-server": f"{course.group(1) if course else 'unknown'}, one process with its HTTP front end"}
+    course = re.search(r"device: ([^|]+?) \|", in_process_log.read_text())
+    core = re.search(r"engine core: process \d+, (\d+) torch thread", course_log.read_text())
+    device = course.group(1) if course else "unknown"
+    cores = {
+        "course-server": f"engine core on {core.group(1) if core else 'unknown'} torch thread(s), in a process of "
+        "its own (every core but one); the HTTP front end in another process",
+        "course-server-in-process": f"{device}, in one process with its HTTP front end",
+    }
     if vllm_log is not None:
         text = vllm_log.read_text()
         found = {
@@ -202,6 +227,7 @@ def run_row(system: str, concurrency: int, round_index: int, result: dict) -> di
         "input_len": INPUT_LEN,
         "output_len": OUTPUT_LEN,
         **{key: result[key] for key in KEPT_KEYS},
+        **({"breakdown": result["breakdown"]} if "breakdown" in result else {}),
     }
 
 
@@ -214,26 +240,30 @@ def median_rows(runs: list[dict]) -> list[dict]:
     rows = []
     for (system, concurrency), group in groups.items():
         throughput = spread([r["output_throughput"] for r in group])
-        rows.append(
-            {
-                "system": system,
-                "max_concurrency": concurrency,
-                "rounds": len(group),
-                **{key: statistics.median(r[key] for r in group) for key in KEPT_KEYS},
-                "output_throughput_min": throughput["min"],
-                "output_throughput_max": throughput["max"],
+        row = {
+            "system": system,
+            "max_concurrency": concurrency,
+            "rounds": len(group),
+            **{key: statistics.median(r[key] for r in group) for key in KEPT_KEYS},
+            "output_throughput_min": throughput["min"],
+            "output_throughput_max": throughput["max"],
+        }
+        if "breakdown" in group[0]:
+            row["breakdown"] = {
+                part: statistics.median(r["breakdown"][part] for r in group) for part in group[0]["breakdown"]
             }
-        )
+        rows.append(row)
     return rows
 
 
 def summarize(runs: list[dict], rounds: int) -> dict:
-    """Each system's medians, and the course server's output throughput over vLLM's and over the
-    sequential baseline's at the top concurrency, taken within each round."""
-    at = {}
-    for run in runs:
-        if run["max_concurrency"] == SUMMARY_CONCURRENCY:
-            at.setdefault(run["system"], []).append(run)
+    """Each system's medians; at the top concurrency, the course server's output throughput over
+    vLLM's, over the sequential baseline's and over its own in-process mode's; at concurrency 1,
+    its median TPOT over vLLM's. Every ratio is taken within each round."""
+
+    def runs_of(system: str, concurrency: int) -> list[dict]:
+        return sorted((r for r in runs if r["system"] == system and r["max_concurrency"] == concurrency), key=round_of)
+
     summary = {
         "rounds": rounds,
         "round_order": list(ROUND_ORDER),
@@ -241,15 +271,20 @@ def summarize(runs: list[dict], rounds: int) -> dict:
         "target_course_vs_vllm": TARGET_COURSE_VS_VLLM,
         "medians": median_rows(runs),
     }
-    course = at.get("course-server")
-    for other, key in (
-        ("vllm-server", "course_vs_vllm_output_throughput"),
-        ("transformers-sequential", "course_vs_sequential_output_throughput"),
+    for concurrency, other, metric, key in (
+        (SUMMARY_CONCURRENCY, "vllm-server", "output_throughput", "course_vs_vllm_output_throughput"),
+        (SUMMARY_CONCURRENCY, "transformers-sequential", "output_throughput", "course_vs_sequential_output_throughput"),
+        (SUMMARY_CONCURRENCY, "course-server-in-process", "output_throughput", "split_vs_in_process_output_throughput"),
+        (TPOT_CONCURRENCY, "vllm-server", "median_tpot_ms", "course_vs_vllm_median_tpot_c1"),
     ):
-        if course and other in at and len(at[other]) == len(course):
-            summary[key] = ratio_spread(
-                sorted(course, key=round_of), sorted(at[other], key=round_of), "output_throughput"
-            )
+        course, others = runs_of("course-server", concurrency), runs_of(other, concurrency)
+        if course and len(others) == len(course):
+            summary[key] = ratio_spread(course, others, metric)
+    if "course_vs_vllm_output_throughput" in summary:
+        summary["target_met"] = {
+            "output_throughput_c32": summary["course_vs_vllm_output_throughput"]["median"] >= TARGET_COURSE_VS_VLLM,
+            "median_tpot_c1": summary["course_vs_vllm_median_tpot_c1"]["median"] <= 1.0,
+        }
     return summary
 
 
@@ -357,12 +392,19 @@ def main(argv: list[str] | None = None) -> None:
         },
     )
     print(format_table(summary["medians"]))
-    for key in ("course_vs_vllm_output_throughput", "course_vs_sequential_output_throughput"):
+    for key in (
+        "course_vs_vllm_output_throughput",
+        "course_vs_sequential_output_throughput",
+        "split_vs_in_process_output_throughput",
+        "course_vs_vllm_median_tpot_c1",
+    ):
         if key in summary:
-            print(f"{key} at concurrency {SUMMARY_CONCURRENCY}: {format_spread(summary[key])}")
+            print(f"{key}: {format_spread(summary[key])}")
     print(f"cores: {cores}")
-    figure = plot_side_by_side(summary["medians"], meta)
-    print(f"saved {path} and {figure} in {(time.perf_counter() - started) / 60:.1f} minutes")
+    steps = [r for r in summary["medians"] if "breakdown" in r and r["max_concurrency"] in (1, SUMMARY_CONCURRENCY)]
+    print(format_breakdown(steps))
+    figures = plot_side_by_side(summary["medians"], meta), plot_breakdown(steps, meta)
+    print(f"saved {path} and {figures} in {(time.perf_counter() - started) / 60:.1f} minutes")
 
 
 if __name__ == "__main__":

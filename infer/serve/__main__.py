@@ -25,6 +25,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--num-kv-blocks", type=int, default=defaults.num_kv_blocks)
     parser.add_argument("--block-size", type=int, default=defaults.block_size)
     parser.add_argument("--enable-prefix-caching", action="store_true")
+    parser.add_argument(
+        "--engine-in-process", action="store_true", help="run the engine in a thread of the server's process"
+    )
+    parser.add_argument("--engine-threads", type=int, default=None, help="torch threads of the engine core")
     args = parser.parse_args(argv)
 
     lm = load_model(profile=pick_profile(args.profile), weights=args.weights)
@@ -37,11 +41,14 @@ def main(argv: list[str] | None = None) -> None:
         args.num_kv_blocks,
         args.block_size,
         args.enable_prefix_caching,
+        engine_process=not args.engine_in_process,
+        engine_threads=args.engine_threads,
     )
     served = build_served(lm, settings)
     url = f"http://{LOOPBACK}:{args.port}/v1"
     print(
-        f"Serving {served.model_name} ({settings.policy} policy) at {url}  (OpenAI-compatible; also "
+        f"Serving {served.model_name} ({settings.policy} policy, engine "
+        f"{'in its own process' if settings.engine_process else 'in a thread'}) at {url}  (OpenAI-compatible; also "
         f"http://{LOOPBACK}:{args.port}/metrics and /health). Try:\n"
         f"  curl {url}/completions -H 'Content-Type: application/json' "
         f'-d \'{{"model": "{served.model_name}", "prompt": "Hello", "max_tokens": 8}}\'',
@@ -50,7 +57,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         uvicorn.run(build_app(served), host=LOOPBACK, port=args.port, log_level="warning")
     finally:
-        served.engine_thread.stop()
+        served.engine.stop()
 
 
 if __name__ == "__main__":

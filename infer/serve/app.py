@@ -6,12 +6,13 @@
     GET  /health                200 while the engine loop runs
     GET  /metrics               Prometheus text (metrics.py)
 
-A request is parsed and checked (protocol.py), its prompts go to the engine thread, and its
-replies are read from one asyncio queue that the engine thread fills after every step. When a
+A request is parsed and checked (protocol.py), its prompts go to the engine (engine_client.py:
+a thread of this process, or the engine core's own process), and its replies are read from one
+asyncio queue that the engine side fills after every step. When a
 client disconnects, the response stops (Starlette cancels a stream on disconnect; a non-streamed
 request watches for it) and the `finally` aborts whatever is unfinished: the engine frees the
-slot before its next step. Bad input is answered with a 4xx and OpenAI-style error JSON; only a
-bug in the server itself gives a 500.
+slot before its next step. Bad input is answered with a 4xx and OpenAI-style error JSON; a dead
+engine with 503; only a bug in the server itself gives a 500.
 """
 
 import asyncio
@@ -28,7 +29,7 @@ from infer.engine import SamplingParams
 from infer.serve import protocol
 from infer.serve.chat import chat_prompt_ids
 from infer.serve.detokenize import IncrementalDetokenizer
-from infer.serve.engine_thread import Delivery, EngineThread
+from infer.serve.engine_client import Delivery, EngineClient, EngineUnavailable
 from infer.serve.metrics import ServerMetrics
 from infer.serve.protocol import BadRequest, ChatCompletionRequest, CompletionRequest
 
@@ -38,9 +39,10 @@ logger = logging.getLogger("infer.serve")
 
 @dataclass
 class Served:
-    """What the handlers need: the engine thread, the tokenizer, and the model's name and limits."""
+    """What the handlers need: the engine (in a thread or its own process), the tokenizer, and the
+    model's name and limits."""
 
-    engine_thread: EngineThread
+    engine: EngineClient
     tokenizer: object
     model_name: str
     max_model_len: int
@@ -59,6 +61,10 @@ def build_app(served: Served) -> FastAPI:
     async def http_error(_: Request, exc: StarletteHTTPException):  # unknown path, wrong method
         return JSONResponse(protocol.error_body(str(exc.detail), exc.status_code), status_code=exc.status_code)
 
+    @app.exception_handler(EngineUnavailable)
+    async def engine_gone(_: Request, exc: EngineUnavailable):
+        return JSONResponse(protocol.error_body(str(exc), 503), status_code=503)
+
     @app.exception_handler(ClientDisconnect)
     async def client_left(request: Request, _: ClientDisconnect):  # one log line, not a traceback
         logger.info("client left before sending the whole request: %s %s", request.method, request.url.path)
@@ -66,9 +72,9 @@ def build_app(served: Served) -> FastAPI:
 
     @app.get("/health")
     async def health():
-        thread = served.engine_thread
-        if not thread.alive:
-            return JSONResponse(protocol.error_body(f"the engine loop stopped: {thread.error!r}", 500), status_code=503)
+        engine = served.engine
+        if not engine.alive:
+            return JSONResponse(protocol.error_body(f"the engine stopped: {engine.error}", 503), status_code=503)
         return Response(status_code=200)
 
     @app.get("/metrics")
@@ -192,16 +198,15 @@ async def respond(
     """Queue the prompts (one engine request per choice), then stream or collect their tokens."""
     request_id = protocol.new_id(style.id_prefix)
     queue: asyncio.Queue = asyncio.Queue()
-    loop = asyncio.get_running_loop()
     engine_ids: list[str] = []
     try:
         for index, ids in enumerate(prompts):
-            engine_ids.append(
-                await asyncio.to_thread(served.engine_thread.add, ids, params, queue, loop, f"{request_id}-{index}")
-            )
-    except ValueError as exc:  # the engine's own checks: lengths, vocabulary, sampling values
+            engine_ids.append(await served.engine.add(ids, params, queue, f"{request_id}-{index}"))
+    except (ValueError, EngineUnavailable) as exc:  # ValueError: the engine's own checks (lengths, vocabulary, ...)
         for engine_id in engine_ids:
-            served.engine_thread.abort(engine_id)
+            served.engine.abort(engine_id)
+        if isinstance(exc, EngineUnavailable):
+            raise
         raise BadRequest(str(exc)) from None
     answer = Answer(served, style, request_id, engine_ids, prompts, queue)
     if body.stream:
@@ -236,12 +241,14 @@ class Answer:
         while unfinished:
             item = await self.queue.get()
             if isinstance(item, BaseException):
-                raise RuntimeError(f"the engine loop failed: {item!r}")
+                raise RuntimeError(f"the engine failed: {item}")
             delivery: Delivery = item
             out = delivery.output
             index = self.index[out.request_id]
             first = not self.detokenizers[index].ids
+            started = time.perf_counter()
             text = self.detokenizers[index].add(out.new_token_ids)
+            self.served.metrics.frontend_seconds["detokenize"].inc(time.perf_counter() - started)
             self.texts[index] += text
             self.completion_tokens += len(out.new_token_ids)
             if out.finished:
@@ -251,15 +258,19 @@ class Answer:
 
     def abort_unfinished(self) -> None:
         for engine_id in self.engine_ids:
-            self.served.engine_thread.abort(engine_id)  # a no-op for a finished request
+            self.served.engine.abort(engine_id)  # a no-op for a finished request
 
     async def stream(self, include_usage: bool):
         metrics = self.served.metrics
         metrics.open_streams.inc()
         try:
             try:
+                sse_seconds = metrics.frontend_seconds["sse"]
                 async for index, text, reason, first in self.deliveries():
-                    yield protocol.sse(self.style.chunk(self.request_id, index, text, reason, first))
+                    started = time.perf_counter()
+                    chunk = protocol.sse(self.style.chunk(self.request_id, index, text, reason, first))
+                    sse_seconds.inc(time.perf_counter() - started)
+                    yield chunk
             except RuntimeError as exc:
                 yield protocol.sse(protocol.error_body(str(exc), 500))
                 yield protocol.SSE_DONE

@@ -2,9 +2,11 @@
 `vllm:`): what the queues and the KV store hold right now, and how long requests took as the
 server saw them.
 
-The gauges are read from the engine when Prometheus scrapes, not copied after each step, so they
-are never stale: after the last stream ends or disconnects, `infer:num_requests_running`,
-`infer:num_requests_waiting` and `infer:kv_cache_usage_perc` read 0, or a slot has leaked.
+The gauges are read from the engine's latest stats when Prometheus scrapes (the engine's own, or
+the snapshot its core process sent after its last step or abort), so after the last stream ends
+or disconnects, `infer:num_requests_running`, `infer:num_requests_waiting` and
+`infer:kv_cache_usage_perc` read 0, or KV room has leaked. The time counters (engine phases and
+the front end's per-token work) let a benchmark read where a serving step goes (week 07).
 Server-side TTFT counts from the moment the request reached the engine; a client's TTFT adds the
 network and the HTTP handling on both ends.
 """
@@ -16,6 +18,8 @@ import httpx
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily
 from prometheus_client.registry import Collector
+
+FRONTEND_PARTS = ("deliver", "detokenize", "sse")
 
 # Bucket edges in seconds: from a tiny model's sub-millisecond decode step to a long queue.
 LATENCY_BUCKETS_S = (
@@ -38,54 +42,65 @@ LATENCY_BUCKETS_S = (
 )
 
 
-class EngineCounter(Collector):
-    """A counter that the engine keeps (it only ever grows), read when Prometheus scrapes."""
+class EngineCounters(Collector):
+    """Counters that the engine keeps (they only ever grow), read from its stats when Prometheus scrapes."""
 
-    def __init__(self, name: str, doc: str, labels: dict[str, str], read):
-        self.name, self.doc, self.labels, self.read = name, doc, labels, read
+    def __init__(self, labels: dict[str, str], read_stats):
+        self.labels, self.read_stats = labels, read_stats
 
     def collect(self):
-        counter = CounterMetricFamily(self.name, self.doc, labels=list(self.labels))
-        counter.add_metric(list(self.labels.values()), self.read())
-        yield counter
+        stats = self.read_stats()
+        names, values = list(self.labels), list(self.labels.values())
+        # The slot store reserves a whole sequence up front, so it never preempts; week 08's paged store
+        # preempts when its blocks run out (vLLM: vllm:num_preemptions_total).
+        preemptions = CounterMetricFamily(
+            "infer:num_preemptions", "Requests preempted to free KV room (recomputed later).", labels=names
+        )
+        preemptions.add_metric(values, stats.num_preemptions)
+        steps = CounterMetricFamily("infer:engine_steps", "Engine steps run (one forward pass each).", labels=names)
+        steps.add_metric(values, stats.num_steps)
+        phases = CounterMetricFamily(
+            "infer:engine_phase_seconds",
+            "Wall time of the engine's steps by phase (schedule, forward, sample, update; send: to the API process).",
+            labels=[*names, "phase"],
+        )
+        for phase, seconds in stats.phase_seconds.items():
+            phases.add_metric([*values, phase], seconds)
+        yield from (preemptions, steps, phases)
 
 
 class ServerMetrics:
-    def __init__(self, engine, model_name: str):
+    """The server's metrics; `attach` the engine's `stats` reader before the first scrape."""
+
+    def __init__(self, model_name: str):
         self.registry = CollectorRegistry()  # one per server, so that tests can run several
+        self.read_stats = None
         labels = {"model_name": model_name}
-        scheduler = engine.scheduler
 
-        def gauge(name: str, doc: str, read) -> None:
+        def gauge(name: str, doc: str, field: str) -> None:
             metric = Gauge(name, doc, list(labels), registry=self.registry)
-            metric.labels(**labels).set_function(read)
+            metric.labels(**labels).set_function(lambda: getattr(self.read_stats(), field))
 
-        gauge(
-            "infer:num_requests_running",
-            "Requests holding KV room (prefilling or decoding).",
-            lambda: len(scheduler.running),
-        )
-        gauge("infer:num_requests_waiting", "Requests queued for admission.", lambda: len(scheduler.waiting))
-        gauge("infer:kv_cache_usage_perc", "Fraction of the KV store in use (1 = full).", lambda: engine.kv_store.usage)
-        # The slot store reserves a whole sequence up front, so nothing is ever preempted; week 08's
-        # paged store preempts when its blocks run out. A counter read from the engine at each scrape,
-        # exposed as infer:num_preemptions_total (vLLM: vllm:num_preemptions_total).
-        self.registry.register(
-            EngineCounter(
-                "infer:num_preemptions",
-                "Requests preempted to free KV room (recomputed later).",
-                labels,
-                lambda: engine.num_preemptions,
-            )
-        )
+        gauge("infer:num_requests_running", "Requests holding KV room (prefilling or decoding).", "num_running")
+        gauge("infer:num_requests_waiting", "Requests queued for admission.", "num_waiting")
+        gauge("infer:kv_cache_usage_perc", "Fraction of the KV store in use (1 = full).", "kv_cache_usage")
         gauge(
             "infer:prefix_cache_hit_rate",
             "Prompt tokens found in the prefix cache, over those looked up.",
-            lambda: engine.prefix_cache_hit_rate,
+            "prefix_cache_hit_rate",
         )
+        self.registry.register(EngineCounters(labels, lambda: self.read_stats()))
         self.open_streams = Gauge(
             "infer:num_open_responses", "HTTP responses still being written.", list(labels), registry=self.registry
         ).labels(**labels)
+        frontend = Counter(
+            "infer:frontend_seconds",
+            "Wall time of the API side's per-token work, by part (deliver: handing a step's outputs to the "
+            "streams; detokenize; sse: building the stream's chunks).",
+            [*labels, "part"],
+            registry=self.registry,
+        )
+        self.frontend_seconds = {part: frontend.labels(**labels, part=part) for part in FRONTEND_PARTS}
         self._finished = Counter(
             "infer:request_success",
             "Requests ended, by finish reason (abort: the client left).",
@@ -102,6 +117,10 @@ class ServerMetrics:
         self.ttft = histogram("infer:time_to_first_token_seconds", "Arrival at the engine to the first token.")
         self.itl = histogram("infer:inter_token_latency_seconds", "Gap between a request's consecutive tokens.")
         self.e2el = histogram("infer:e2e_request_latency_seconds", "Arrival at the engine to the last token.")
+
+    def attach(self, read_stats) -> None:
+        """Where the gauges and engine counters are read from: a callable returning EngineStats."""
+        self.read_stats = read_stats
 
     def finished(self, reason: str | None) -> None:
         self._finished.labels(**self._labels, finished_reason=reason or "unknown").inc()

@@ -25,7 +25,7 @@ class BadRequest(Exception):
         self.message, self.status, self.param = message, status, param
 
 
-ERROR_TYPES = {400: "BadRequestError", 404: "NotFoundError", 500: "InternalServerError"}
+ERROR_TYPES = {400: "BadRequestError", 404: "NotFoundError", 500: "InternalServerError", 503: "ServiceUnavailableError"}
 
 
 def error_body(message: str, status: int, param: str | None = None) -> dict:

@@ -1,7 +1,8 @@
 """Put it together: a model, the engine, its thread, the app, and uvicorn on the loopback address.
 
 `start_server(lm)` returns a running server in a background thread (for tests and notebooks: the
-caller keeps its own event loop) and `RunningServer.stop()` ends it. `running_server_process`
+caller keeps its own event loop), its engine core in a process of its own unless the settings say
+`engine_process=False`; and `RunningServer.stop()` ends it. `running_server_process`
 runs `python -m infer.serve` (what `make serve` runs in the foreground) as a separate process,
 as benchmarks need: a client in the same interpreter would compete with the server for its lock.
 """
@@ -19,49 +20,29 @@ from pathlib import Path
 
 import uvicorn
 
-from infer.engine import Engine
 from infer.model import Transformer
 from infer.serve.app import Served, build_app
 from infer.serve.chat import with_chat_template
+from infer.serve.engine_core import EngineProcess
 from infer.serve.engine_thread import EngineThread
 from infer.serve.metrics import ServerMetrics
+from infer.serve.settings import EngineSettings, make_engine
 
 LOOPBACK = "127.0.0.1"  # never another interface: the server is for this machine's benchmarks
 
 
-@dataclass(frozen=True)
-class EngineSettings:
-    """The engine's limits, as vLLM's flags of the same names."""
-
-    policy: str = "chunked"  # as vLLM V1: running requests in arrival order, then new prompts chunked into the rest
-    max_num_seqs: int = 32
-    max_num_batched_tokens: int = 2048
-    max_model_len: int = 2048
-    kv_store: str = "slots"  # or "paged" (week 08), with the three settings below
-    num_kv_blocks: int | None = None  # None: as much memory as the slots would take
-    block_size: int = 16
-    enable_prefix_caching: bool = False
-
-
 def build_served(lm, settings: EngineSettings = EngineSettings(), model_name: str | None = None) -> Served:
-    """The course's Transformer with `lm`'s weights in an engine, its loop started."""
+    """The course's Transformer with `lm`'s weights behind an engine, started: in its own process
+    (the default) or in a thread of this one."""
     model = Transformer.from_hf(lm.model)
-    engine = Engine(
-        model,
-        policy=settings.policy,
-        max_num_seqs=settings.max_num_seqs,
-        max_num_batched_tokens=settings.max_num_batched_tokens,
-        max_model_len=settings.max_model_len,
-        kv_store=settings.kv_store,
-        num_kv_blocks=settings.num_kv_blocks,
-        block_size=settings.block_size,
-        enable_prefix_caching=settings.enable_prefix_caching,
-    )
     name = model_name or lm.name
-    metrics = ServerMetrics(engine, name)
-    return Served(
-        EngineThread(engine, metrics).start(), with_chat_template(lm.tokenizer), name, settings.max_model_len, metrics
-    )
+    metrics = ServerMetrics(name)
+    if settings.engine_process:
+        engine = EngineProcess(model, settings, metrics).start()
+    else:
+        engine = EngineThread(make_engine(model, settings), metrics).start()
+    metrics.attach(engine.stats)
+    return Served(engine, with_chat_template(lm.tokenizer), name, settings.max_model_len, metrics)
 
 
 @dataclass
@@ -74,7 +55,7 @@ class RunningServer:
     def stop(self, timeout_s: float = 30.0) -> None:
         self.uvicorn_server.should_exit = True
         self.thread.join(timeout_s)
-        self.served.engine_thread.stop(timeout_s)
+        self.served.engine.stop(timeout_s)
 
     def __enter__(self) -> "RunningServer":
         return self
@@ -108,7 +89,7 @@ def start_server(
     deadline = time.monotonic() + startup_timeout_s
     while not server.started:
         if not thread.is_alive() or time.monotonic() > deadline:
-            served.engine_thread.stop()
+            served.engine.stop()
             raise RuntimeError(f"the server did not start on {LOOPBACK}:{config.port} within {startup_timeout_s:.0f} s")
         time.sleep(0.05)
     return RunningServer(f"http://{LOOPBACK}:{config.port}", served, server, thread)
@@ -192,6 +173,8 @@ def running_server_process(
         str(settings.block_size),
         *(["--num-kv-blocks", str(settings.num_kv_blocks)] if settings.num_kv_blocks else []),
         *(["--enable-prefix-caching"] if settings.enable_prefix_caching else []),
+        *([] if settings.engine_process else ["--engine-in-process"]),
+        *(["--engine-threads", str(settings.engine_threads)] if settings.engine_threads else []),
     ]
     with server_process(command, port, log_path, startup_timeout_s) as url:
         yield url
