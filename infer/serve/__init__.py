@@ -1,7 +1,10 @@
 """Week 07: the course engine behind an OpenAI-compatible API, and one client for every server.
 
 - protocol.py: the request fields, their checks, and the shapes of replies, chunks and errors;
-- engine_thread.py: the engine loop in one background thread, shared by every connection;
+- engine_client.py: what the app sees of the engine (add, abort, alive, stats), wherever it runs;
+- engine_core.py: the engine core in a process of its own, over a pipe (the default, as vLLM V1);
+- engine_thread.py: the engine loop in a background thread of the server's process instead;
+- settings.py: the engine's limits and where it runs;
 - app.py: the FastAPI endpoints (/v1/completions, /v1/chat/completions, /v1/models, /health, /metrics);
 - detokenize.py, chat.py: streamed text from token ids; the chat template;
 - metrics.py: the server-side view in Prometheus text, and a sampler that reads it over time;
