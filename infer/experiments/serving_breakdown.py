@@ -5,10 +5,10 @@ The engine side (in its own process, or in a thread of the server's) counts the 
 phase of its steps: schedule, forward, sample, update, and, when it runs in its own process, send
 (pickling the step's outputs into the pipe). The API side counts its per-token work: deliver
 (handing a step's outputs to the streams' queues), detokenize, and sse (building each stream's
-chunk). What the engine loop spent outside its phases is `between steps`: waiting for requests,
-reading the pipe or applying aborts, and, in a shared interpreter, waiting for the GIL to start
-the next step. Time spent inside a phase while another thread holds the GIL counts in that phase:
-the forward pass of the same batch costs more when the front end shares the interpreter.
+chunk). Time spent inside a phase while another thread holds the GIL counts in that phase: the
+forward pass of the same batch costs more when the front end shares the interpreter. The time
+between steps is not given: the client's duration leaves out its own start and warm-up, while
+the counters include the steps of its warm-up requests, so wall time per step would be wrong.
 """
 
 import re
@@ -38,22 +38,20 @@ def scrape_time_counters(url: str) -> dict[str, float]:
     return read_time_counters(httpx.get(f"{url.rstrip('/')}/metrics", timeout=30).text)
 
 
-def per_step_ms(before: dict[str, float], after: dict[str, float], duration_s: float) -> dict[str, float]:
-    """Each part's milliseconds per engine step over a run that lasted `duration_s`, the engine
-    loop's time outside its phases (`between steps`), and the step count."""
+def per_step_ms(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    """Each part's milliseconds per engine step between two scrapes, and the step count."""
     steps = after["steps"] - before["steps"]
     if steps <= 0:
         raise ValueError("no engine step ran between the two scrapes: nothing to break down")
     parts = {
         part: 1e3 * (after.get(part, 0.0) - before.get(part, 0.0)) / steps for part in ENGINE_PHASES + FRONTEND_PARTS
     }
-    engine_ms = sum(parts[phase] for phase in ENGINE_PHASES)
-    return {**parts, "between steps": max(0.0, 1e3 * duration_s / steps - engine_ms), "steps": steps}
+    return {**parts, "steps": steps}
 
 
 def format_breakdown(rows: list[dict]) -> str:
     """One line per (system, concurrency): ms per engine step, engine phases then API-side parts."""
-    columns = (*ENGINE_PHASES, "between steps", *FRONTEND_PARTS)
+    columns = ENGINE_PHASES + FRONTEND_PARTS
     header = f"{'system':<26} {'conc':>4} {'steps':>6} | " + " ".join(f"{c:>9}" for c in columns)
     lines = [header, f"{'':<26} {'':>4} {'':>6} | ms per engine step (engine side, then API side)"]
     for row in rows:
@@ -72,11 +70,11 @@ def plot_breakdown(rows: list[dict], meta: dict):
     fig, ax = plt.subplots(figsize=(COLUMN_WIDTH_IN, 5.5))
     labels = []
     for index, row in enumerate(rows):
-        for offset, parts in ((-0.2, (*ENGINE_PHASES, "between steps")), (0.2, FRONTEND_PARTS)):
+        for offset, parts in ((-0.2, ENGINE_PHASES), (0.2, FRONTEND_PARTS)):
             bottom = 0.0
             for part in parts:
                 value = row["breakdown"][part]
-                color = f"C{(ENGINE_PHASES + ('between steps',) + FRONTEND_PARTS).index(part)}"
+                color = f"C{(ENGINE_PHASES + FRONTEND_PARTS).index(part)}"
                 ax.bar(index + offset, value, 0.38, bottom=bottom, color=color, label=part if index == 0 else None)
                 bottom += value
         labels.append(f"{row['system'].removeprefix('course-server')}\nc={row['max_concurrency']}".strip())

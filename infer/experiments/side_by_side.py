@@ -84,7 +84,7 @@ def bench_course_server(url: str, lm, folder: Path, result_dir: Path, name: str,
     """`bench_server`, with where the server's steps went during the run (its /metrics time counters)."""
     before = scrape_time_counters(url)
     result = bench_server(url, lm, folder, result_dir, name, concurrency)
-    return {**result, "breakdown": per_step_ms(before, scrape_time_counters(url), result["duration"])}
+    return {**result, "breakdown": per_step_ms(before, scrape_time_counters(url))}
 
 
 def run_sequential(lm, concurrency: int) -> dict:
