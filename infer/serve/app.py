@@ -1,4 +1,4 @@
-"""The OpenAI-compatible HTTP API over the engine thread (FastAPI; streams are server-sent events).
+"""The OpenAI-compatible HTTP API over the engine (FastAPI; streams are server-sent events).
 
     POST /v1/completions        prompt as text or token ids, or a list of them; stream or not
     POST /v1/chat/completions   messages through the chat template (chat.py); stream or not
@@ -215,7 +215,7 @@ async def respond(
 
 
 class Answer:
-    """One HTTP request's choices as their tokens come back from the engine thread."""
+    """One HTTP request's choices as their tokens come back from the engine."""
 
     def __init__(
         self,
