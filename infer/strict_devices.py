@@ -18,8 +18,9 @@ profile's device standing for the accelerator even when it is the CPU:
 3. No op mixes tensors of two devices, except where torch itself allows it (CPU scalars, index
    tensors, copies).
 
-Not covered: code in other threads and processes (the server's engine), and host tensors made some other
-way than a seeded draw (those are caught on a real GPU only)."""
+Not covered: code in other threads (the server's engine when it runs in a thread; its engine-core
+process imports this library, so the mode starts there too), and host tensors made some other way
+than a seeded draw (those are caught on a real GPU only)."""
 
 import linecache
 import sys
