@@ -190,3 +190,40 @@ def test_a_slot_store_without_a_cache_hands_out_and_takes_back_slots():
     assert not store.can_allocate(seqs[2], 2) and store.usage == 1.0
     store.free(seqs[0])
     assert store.can_allocate(seqs[2], 2) and store.usage == 0.5
+
+
+def test_a_small_block_pool_preempts_a_large_one_does_not_and_every_request_finishes():
+    requests = dict(prompt_lens=[48] * 6, output_lens=[32] * 6)  # 80 tokens each: 5 blocks of 16
+    limits = dict(policy="chunked", max_num_seqs=6, max_num_batched_tokens=512, max_model_len=80)
+    small = simulate(FixedStepCost(1.0), **requests, **limits, kv_store="paged", num_kv_blocks=12)
+    large = simulate(FixedStepCost(1.0), **requests, **limits, kv_store="paged", num_kv_blocks=30)
+    slots = simulate(FixedStepCost(1.0), **requests, **limits)
+    assert small.num_preemptions > 0, "six requests that grow to 5 blocks each, in a pool of 12, must preempt"
+    assert large.num_preemptions == 0, "30 blocks hold all six requests whole"
+    assert slots.num_preemptions == 0, "a slot reserves max_model_len up front: it never runs out"
+    for run in (small, large, slots):
+        assert [r.num_output_tokens for r in run.records] == [32] * 6
+
+
+def test_the_simulated_paged_schedule_with_preemptions_is_the_engines(model):
+    """Preemption depends on lengths and the pool, never on token values: the simulator's schedule
+    is the engine's step for step, preemptions and recomputes included."""
+    from infer.engine import Engine
+    from infer.engine.replay import replay
+    from infer.engine.sequence import benchmark_params
+
+    workload = mixed_workload("pressure", model.arch.vocab_size, 6, (20, 48), (8, 24), seed=3)
+    settings = dict(max_num_seqs=6, max_num_batched_tokens=64, max_model_len=80, num_kv_blocks=10, block_size=8)
+    engine = Engine(model, "chunked", kv_store="paged", log_steps=True, **settings)
+    replay(engine, workload.prompts, [benchmark_params(n) for n in workload.output_lens])
+    sim = simulate(
+        FixedStepCost(1.0), workload.prompt_lens, workload.output_lens, policy="chunked", kv_store="paged", **settings
+    )
+    assert engine.num_preemptions > 0, "the workload is meant to preempt: up to 72 tokens each, a pool of 80"
+    assert sim.num_preemptions == engine.num_preemptions
+    assert [s.items for s in sim.steps] == [s.items for s in engine.step_log]
+
+
+def test_an_unknown_store_is_refused():
+    with pytest.raises(ValueError, match="unknown kv_store 'pages'"):
+        simulate(FixedStepCost(1.0), [4], [2], kv_store="pages")

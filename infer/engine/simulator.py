@@ -8,9 +8,13 @@ engine's own arrival loop (infer.engine.replay), so its output is week 03's Requ
 in virtual seconds) and `infer.metrics.calculate_metrics` applies unchanged.
 
 Token values never matter to a schedule with EOS ignored, so nothing here needs weights, a
-device or time: a grid that takes a GPU hours runs in seconds. What it cannot know is anything its
-cost model leaves out (memory limits, a slow kernel, a busy host); hence the validation against
-the real engine, and the SIMULATED stamp on everything it produces.
+device or time: a grid that takes a GPU hours runs in seconds. The KV store is the engine's own,
+slots or blocks (week 08), keeping its books without a cache tensor: a small block pool preempts
+here as it does in the engine. Prefix caching is left out: every simulated token is the same
+placeholder, so every prompt would look like a cached prefix of every other. What the simulator
+cannot know is anything its cost model leaves out (memory beyond the KV store it is given, a slow
+kernel, a busy host); hence the validation against the real engine, and the SIMULATED stamp on
+everything it produces.
 
 `run_trace` is the simulator with a clock that counts steps: a scripted trace of arrivals, one
 step per virtual second, and who ran in which slot at every step (week 05's "scheduler on paper").
@@ -23,6 +27,7 @@ from dataclasses import dataclass
 from infer.engine.clock import VirtualClock
 from infer.engine.engine import Engine
 from infer.engine.kv_store import SlotKVStore
+from infer.engine.paged_kv_store import PagedKVStore
 from infer.engine.replay import replay
 from infer.engine.sampler import Sampler
 from infer.engine.scheduler import Limits, Policy, Work
@@ -60,13 +65,24 @@ class SimulatedEngine(Engine):
         max_num_seqs: int = 32,
         max_num_batched_tokens: int = 2048,
         max_model_len: int = 2048,
+        *,
+        kv_store: str = "slots",
+        num_kv_blocks: int | None = None,
+        block_size: int = 16,
     ):
+        """kv_store, num_kv_blocks, block_size: as `Engine`'s (blocks: by default as much memory as the slots)."""
+        if kv_store == "slots":
+            store = SlotKVStore(max_num_seqs, max_model_len)
+        elif kv_store == "paged":
+            store = PagedKVStore(num_kv_blocks or max_num_seqs * -(-max_model_len // block_size), block_size)
+        else:
+            raise ValueError(f"unknown kv_store {kv_store!r}; valid: 'slots', 'paged'")
         clock = VirtualClock()
         self.assemble(
             policy,
             Limits(max_num_seqs, max_num_batched_tokens),
             max_model_len,
-            SlotKVStore(max_num_seqs, max_model_len),
+            store,
             Sampler("cpu"),
             CostModelRunner(cost_model, clock),
             eos_ids=set(),
@@ -80,6 +96,7 @@ class SimulatedEngine(Engine):
 class SimulatedRun:
     records: list[RequestRecord]  # in input order, times in virtual seconds from 0
     steps: list[StepRecord]
+    num_preemptions: int
 
 
 def simulate(
@@ -93,14 +110,27 @@ def simulate(
     max_model_len: int = 2048,
     offsets: Seq[float] | None = None,
     max_concurrency: int | None = None,
+    kv_store: str = "slots",
+    num_kv_blocks: int | None = None,
+    block_size: int = 16,
 ) -> SimulatedRun:
     """Serve requests (prompt and output lengths, arrival `offsets` in seconds, default all at
-    once) on a virtual clock that each step advances by `cost_model.step_ms(shape)`."""
+    once) on a virtual clock that each step advances by `cost_model.step_ms(shape)`, with the KV
+    store `kv_store` ("slots", or "paged": `num_kv_blocks` of `block_size`)."""
     if len(prompt_lens) != len(output_lens):
         raise ValueError(
             f"{len(prompt_lens)} prompt lengths and {len(output_lens)} output lengths: give one of each per request"
         )
-    engine = SimulatedEngine(cost_model, policy, max_num_seqs, max_num_batched_tokens, max_model_len)
+    engine = SimulatedEngine(
+        cost_model,
+        policy,
+        max_num_seqs,
+        max_num_batched_tokens,
+        max_model_len,
+        kv_store=kv_store,
+        num_kv_blocks=num_kv_blocks,
+        block_size=block_size,
+    )
     records = replay(
         engine,
         [[PLACEHOLDER_TOKEN] * n for n in prompt_lens],
@@ -108,7 +138,7 @@ def simulate(
         offsets=offsets,
         max_concurrency=max_concurrency,
     )
-    return SimulatedRun(records, engine.step_log)
+    return SimulatedRun(records, engine.step_log, engine.num_preemptions)
 
 
 # ---------------------------------------------------------------- a scheduler on paper
