@@ -327,10 +327,29 @@ def validate_simulator(fit_runs, held_out, meta: dict, profile: str):
 # ------------------------------------------------------------ the gpu profile's grid, simulated
 
 
+def gpu_step_cost() -> RooflineStepCost:
+    """The gpu profile's model on the GPU_ROOFLINE device: the step cost of every simulated GPU
+    number of the course (weeks 05, 06 and 08)."""
+    gpu = PROFILES["gpu"]
+    return RooflineStepCost.for_model(MODEL_SPECS[gpu.model_name].config(), gpu.dtype.itemsize, **GPU_ROOFLINE)
+
+
+def simulated_gpu_provenance(cost: RooflineStepCost) -> dict:
+    """The provenance of the machine that ran a simulation, with the simulated device in its place."""
+    gpu = PROFILES["gpu"]
+    return {
+        **provenance(replace(gpu, device="cpu"), kind="simulated"),
+        "model": gpu.model_name,
+        "weights": "none (simulated)",
+        "device": cost.assumptions(),
+        "profile": "gpu (simulated)",
+    }
+
+
 def gpu_grid_simulated():
     """The gpu profile's sweep, simulated with a roofline step cost: nothing here is measured."""
     gpu = PROFILES["gpu"]
-    cost = RooflineStepCost.for_model(MODEL_SPECS[gpu.model_name].config(), 2, **GPU_ROOFLINE)
+    cost = gpu_step_cost()
     slo_ms = slo_from_profile(gpu)
     serve_simulated = partial(
         simulate,
@@ -368,14 +387,7 @@ def gpu_grid_simulated():
         "capacity_req_s": {str(b): c for b, c in capacity.items()},
         "highest_capacity_budget": max(capacity, key=capacity.get),
     }
-    # provenance of the machine that ran the simulation, with the simulated device in its place
-    meta = {
-        **provenance(replace(gpu, device="cpu"), kind="simulated"),
-        "model": gpu.model_name,
-        "weights": "none (simulated)",
-        "device": cost.assumptions(),
-        "profile": "gpu (simulated)",
-    }
+    meta = simulated_gpu_provenance(cost)
     save_results(
         "06_sweep_gpu_simulated",
         points,

@@ -46,15 +46,14 @@ from infer.engine.engine import Engine
 from infer.engine.replay import replay
 from infer.engine.sequence import benchmark_params
 from infer.engine.simulator import simulate
-from infer.engine.step_costs import RooflineStepCost
 from infer.engine.step_record import StepRecord, StepShape
-from infer.experiments.chunked_prefill_run import GPU_ROOFLINE
+from infer.experiments.chunked_prefill_run import gpu_step_cost
 from infer.experiments.engine_bench_plots import plot
 from infer.experiments.hf_batching import continuous_batched_generate, static_batched_generate
 from infer.experiments.rounds import MIN_ROUNDS, format_spread, interleaved_rounds, ratio_spread, spread
 from infer.metrics import calculate_metrics, results_dir
 from infer.model import Transformer
-from infer.models import MODEL_SPECS, load_model
+from infer.models import load_model
 from infer.paged_attention import PagedKV
 from infer.profiles import PROFILES, pick_profile
 from infer.prompts import random_prompt_ids
@@ -348,7 +347,7 @@ def gpu_simulated(workloads: list[Workload], batches=STEP_BATCHES, context: int 
     """Both policies over each workload on the gpu profile's model, with a roofline step cost:
     nothing here is measured."""
     gpu = PROFILES["gpu"]
-    cost = RooflineStepCost.for_model(MODEL_SPECS[gpu.model_name].config(), 2, **GPU_ROOFLINE)
+    cost = gpu_step_cost()
     by_workload = {}
     for w in workloads:
         runs = {
