@@ -1,5 +1,6 @@
 """Week 03's grid against vLLM's CUDA server, checked without a GPU: the command line it starts,
-the memory share it claims beside the course's own process, and which profiles run it at all."""
+the memory share it claims beside the course's own process, and which profiles run it at all; and
+the benchmark client's shared prefix (week 08)."""
 
 import contextlib
 
@@ -8,7 +9,7 @@ import torch
 
 from infer.profiles import PROFILES
 from infer.serve import vllm_server
-from infer.serve.vllm_server import gpu_memory_share, vllm_commands, vllm_grid_missing_reason
+from infer.serve.vllm_server import bench_command, gpu_memory_share, vllm_commands, vllm_grid_missing_reason
 
 GiB = 2**30
 
@@ -52,3 +53,11 @@ def test_gpu_check_leaves_the_vllm_grid_out_and_says_why():
     assert "leaves vLLM's grid to a full gpu run" in vllm_grid_missing_reason(PROFILES["gpu-check"])
     gpu_reason = vllm_grid_missing_reason(PROFILES["gpu"])
     assert gpu_reason is None or "leaves" not in gpu_reason, "the gpu profile runs it wherever vLLM's CUDA build can"
+
+
+def test_the_bench_command_sends_a_shared_prefix_only_when_asked():
+    workload = dict(num_prompts=32, input_len=32, output_len=64, result_dir="out", result_filename="run.json")
+    shared = bench_command("http://127.0.0.1:8000", "tiny", "folder", random_prefix_len=1024, **workload)
+    assert shared[shared.index("--random-prefix-len") + 1] == "1024"
+    assert shared[shared.index("--random-input-len") + 1] == "32", "the input length is each prompt's own part"
+    assert "--random-prefix-len" not in bench_command("http://127.0.0.1:8000", "tiny", "folder", **workload)

@@ -121,8 +121,11 @@ def bench_command(
     result_filename: str,
     goodput: dict[str, float] | None = None,
     seed: int = 0,
+    random_prefix_len: int = 0,
 ) -> list[str]:
-    """`vllm bench serve` (through the wrapper) with the course client's workload and settings."""
+    """`vllm bench serve` (through the wrapper) with the course client's workload and settings.
+    `random_prefix_len`: tokens that every prompt starts with (one random prefix for the whole run,
+    as a shared system prompt), before its own `input_len`."""
     command = [
         str(vllm_python()),
         str(BENCH_WRAPPER),
@@ -159,6 +162,8 @@ def bench_command(
         command += ["--max-concurrency", str(max_concurrency)]
     if goodput:
         command += ["--goodput", *(f"{key}:{value:g}" for key, value in goodput.items())]
+    if random_prefix_len:
+        command += ["--random-prefix-len", str(random_prefix_len)]
     return command
 
 
