@@ -9,5 +9,7 @@ engine and the server below it; nothing below imports from here.
   `transformers`' batchers;
 - chunked_prefill.py, chunked_prefill_run.py, chunked_prefill_plots.py (week 06): stalls, token budgets, the simulator;
 - side_by_side.py (week 07): the course server, vLLM's server and the sequential baseline, vLLM's client;
+- paged_kv.py, prefix_vs_vllm.py (week 08): what a paged KV store saves, lets run and costs (and on a GPU,
+  simulated); a shared system prompt served by both servers with prefix caching, vLLM's client;
 - rounds.py (weeks 05 and 07): systems compared in interleaved rounds, medians and their range.
 """
