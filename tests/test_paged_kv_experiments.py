@@ -61,3 +61,22 @@ def test_the_pressure_sweep_sees_preemptions_past_the_knee(tiny):
     assert rows[0]["preemptions"] == 0, "one request at a time always fits"
     assert rows[1]["preemptions"] > 0, "six requests of three blocks in a pool of eight must preempt"
     assert all(r["completed"] == r["concurrency"] and r["failed"] == 0 for r in rows)
+
+
+def test_the_gpu_part_is_stamped_simulated_and_holds_what_the_summary_promises():
+    from infer.experiments.paged_kv import GPU_SUMMARY_KEYS, gpu_simulated
+
+    part = gpu_simulated(levels=(1, 12), num_requests=12)
+    summary = part["summary"]
+    assert summary["kind"] == "SIMULATED" and "not measured" in summary["what"]
+    assert part["meta"]["kind"] == "simulated" and part["meta"]["weights"] == "none (simulated)"
+    fits = summary["requests_on_80_gib"]
+    assert fits["paged_b16"] == fits["slots_by_max_model_len"]["2112"], "2,112 tokens fill 132 blocks exactly"
+    assert fits["slots_by_max_model_len"]["32768"] < fits["paged_b16"] // 10, "a slot of the whole context wastes most"
+    assert summary["knee_concurrency"] == 8, "384 blocks of 16 hold 8 requests of 768 tokens"
+    assert {level: set(row) for level, row in summary["by_concurrency"].items()} == {
+        "1": set(GPU_SUMMARY_KEYS),
+        "12": set(GPU_SUMMARY_KEYS),
+    }
+    assert summary["by_concurrency"]["1"]["preemptions"] == 0 and summary["first_preempting_concurrency"] == 12
+    assert all(row["completed"] == 12 for row in part["rows"]), "every request finishes, preempted or not"

@@ -10,9 +10,16 @@
 - `indirection_cost`: one decode step of a full batch through block tables of small blocks vs
   through slots read in place, timed in alternating rounds;
 - `pressure_sweep`: the course server with a small paged pool, driven by the benchmark client at
-  rising concurrency: preemptions (from /metrics), TTFT, TPOT and throughput, the knee marked.
+  rising concurrency: preemptions (from /metrics), TTFT, TPOT and throughput, the knee marked;
+- `gpu_simulated`: what this machine cannot run, modelled and stamped SIMULATED: week 02's memory
+  calculator for the gpu profile's model on an 80 GiB card (requests of 2,048 + 64 tokens in slots
+  vs in blocks), and the pressure sweep on the simulator (infer.engine.simulator) with the gpu
+  roofline's step costs and a deliberately small block pool.
 
-`python -m infer.experiments.paged_kv` runs them all and writes results/08_paged_kv_<profile>.json.
+`python -m infer.experiments.paged_kv` runs them all: the measured parts write
+results/08_paged_kv_<profile>.json and figures/08_pressure.png, the simulated one
+results/08_paged_kv_gpu_simulated.json and figures/08_pressure_gpu_simulated.png (`--only gpu`:
+that one alone, in about 10 seconds).
 """
 
 import argparse
@@ -28,13 +35,16 @@ from tqdm.auto import tqdm
 from infer.engine import Engine
 from infer.engine.replay import replay
 from infer.engine.sequence import benchmark_params
+from infer.engine.simulator import simulate
+from infer.experiments.chunked_prefill_run import gpu_step_cost, simulated_gpu_provenance
 from infer.generate import cached_greedy_generate
 from infer.kv_cache import KVCache
+from infer.memory import kv_tokens_that_fit
 from infer.metrics import calculate_metrics, save_results
 from infer.model import Transformer
-from infer.models import load_model
+from infer.models import MODEL_SPECS, load_model
 from infer.plotting import save_figure
-from infer.profiles import pick_profile
+from infer.profiles import PROFILES, pick_profile
 from infer.provenance import provenance
 from infer.serve.client import run_benchmark, workload_for_model
 from infer.serve.metrics import read_metrics
@@ -240,13 +250,19 @@ def requests_that_fit(num_kv_blocks: int, block_size: int, request_len: int) -> 
     return num_kv_blocks // -(-request_len // block_size)
 
 
-def plot_pressure(rows: list[dict], knee: int):
-    """Preemptions, TTFT, TPOT and throughput against concurrency, the knee marked."""
+def plot_pressure(
+    rows: list[dict],
+    knee: int,
+    tail: str = "p90",
+    title: str = "Expected: past the knee, preemptions appear and TTFT's tail grows",
+):
+    """Preemptions, TTFT (median and the `tail` percentile), TPOT and throughput against
+    concurrency, the knee marked."""
     x = [r["concurrency"] for r in rows]
     fig, axes = plt.subplots(4, 1, figsize=(7, 10), sharex=True)
     panels = [
         ("preemptions", ["preemptions"], "preemptions in the level's run"),
-        ("TTFT", ["median_ttft_ms", "p90_ttft_ms"], "TTFT (ms): median, p90"),
+        ("TTFT", ["median_ttft_ms", f"{tail}_ttft_ms"], f"TTFT (ms): median, {tail}"),
         ("TPOT", ["median_tpot_ms"], "median TPOT (ms)"),
         ("throughput", ["output_throughput"], "output tokens/s"),
     ]
@@ -258,7 +274,7 @@ def plot_pressure(rows: list[dict], knee: int):
     axes[0].text(knee, 0, f" the pool holds {knee} requests whole", va="bottom", color="0.3")
     axes[1].legend(fontsize=8)
     axes[-1].set_xlabel("concurrency (requests in flight, closed loop)")
-    fig.suptitle("Expected: past the knee, preemptions appear and TTFT's tail grows")
+    fig.suptitle(title)
     return fig
 
 
@@ -295,26 +311,153 @@ TARGETS = {
 }
 
 
-def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(prog="python -m infer.experiments.paged_kv", description=__doc__)
-    parser.add_argument("--profile", default=None)
-    parser.add_argument("--rounds", type=int, default=3)
-    args = parser.parse_args(argv)
-    profile = pick_profile(args.profile)
+# ---------------------------------------------------------------- on a GPU: modelled, not measured
+
+GPU_CARD_GIB, GPU_ACTIVATION_GIB = 80, 2  # week 02's budget: 0.9 of the card, less the weights and activations
+GPU_PROMPT_LEN, GPU_OUTPUT_LEN = 2048, 64  # the gpu profile's requests
+GPU_MAX_MODEL_LENS = (GPU_PROMPT_LEN + GPU_OUTPUT_LEN, 8192, 32768)  # 32,768: the model's whole context
+# The pressure sweep's requests: the gpu grid's shorter prompts, with answers half as long (as in the cpu
+# sweep). With 2,048 + 64 the simulator preempts nothing: a request grows by only 4 blocks after its
+# prompt's 128, so a full pool just makes newcomers wait. Preemption needs running requests that outgrow it.
+GPU_PRESSURE_PROMPT_LEN, GPU_PRESSURE_OUTPUT_LEN = 512, 256
+# Deliberately small (an 80 GiB card holds about 400 times more), so that the knee sits where a sweep reaches it.
+GPU_PRESSURE_BLOCKS = 384  # room for 8 requests of 768 tokens, in blocks of 16
+GPU_REQUESTS = PROFILES["gpu"].grid.num_prompts  # 200 per level: enough for a p99 (two requests beyond it)
+
+
+def gpu_capacity(block_size: int = 16) -> dict:
+    """Requests of 2,048 + 64 tokens whose KV fits at once next to the gpu profile's model on an
+    80 GiB card (week 02's calculator, a model of vLLM's budget): in slots, each reserving a whole
+    max_model_len, and in blocks, each request holding only the blocks it fills."""
+    gpu = PROFILES["gpu"]
+    tokens = kv_tokens_that_fit(MODEL_SPECS[gpu.model_name].config(), gpu.dtype, GPU_CARD_GIB, GPU_ACTIVATION_GIB)
+    request_len = GPU_PROMPT_LEN + GPU_OUTPUT_LEN
+    return {
+        "kv_tokens": tokens,
+        "request_tokens": request_len,
+        "slots_by_max_model_len": {str(n): tokens // n for n in GPU_MAX_MODEL_LENS},
+        f"paged_b{block_size}": requests_that_fit(tokens // block_size, block_size, request_len),
+    }
+
+
+def simulated_pressure(
+    cost_model,
+    levels: tuple[int, ...],
+    *,
+    num_kv_blocks: int,
+    block_size: int = 16,
+    input_len: int,
+    output_len: int,
+    num_requests: int,
+) -> list[dict]:
+    """`pressure_sweep` on the simulator: `num_requests` requests in a closed loop at each
+    concurrency, a paged pool of `num_kv_blocks`. Per level: the preemptions, and vLLM's metrics
+    (median and p99) on the virtual clock."""
+    rows = []
+    for level in levels:
+        run = simulate(
+            cost_model,
+            [input_len] * num_requests,
+            [output_len] * num_requests,
+            policy="chunked",
+            max_num_seqs=max(levels),
+            max_num_batched_tokens=2048,
+            max_model_len=input_len + output_len,
+            max_concurrency=level,
+            kv_store="paged",
+            num_kv_blocks=num_kv_blocks,
+            block_size=block_size,
+        )
+        rows.append(
+            {
+                "concurrency": level,
+                "preemptions": run.num_preemptions,
+                **calculate_metrics(run.records, percentiles=(50, 99)),
+            }
+        )
+    return rows
+
+
+GPU_SUMMARY_KEYS = ("preemptions", "median_ttft_ms", "p99_ttft_ms", "median_tpot_ms", "output_throughput")
+
+
+def gpu_simulated(levels: tuple[int, ...] = PRESSURE_LEVELS, num_requests: int = GPU_REQUESTS) -> dict:
+    """The gpu part: the calculator's answer and the simulated pressure sweep, with a summary that
+    says SIMULATED. Nothing here is measured."""
+    cost = gpu_step_cost()
+    rows = simulated_pressure(
+        cost,
+        levels,
+        num_kv_blocks=GPU_PRESSURE_BLOCKS,
+        input_len=GPU_PRESSURE_PROMPT_LEN,
+        output_len=GPU_PRESSURE_OUTPUT_LEN,
+        num_requests=num_requests,
+    )
+    knee = requests_that_fit(GPU_PRESSURE_BLOCKS, 16, GPU_PRESSURE_PROMPT_LEN + GPU_PRESSURE_OUTPUT_LEN)
+    capacity = gpu_capacity()
+    summary = {
+        "kind": "SIMULATED",
+        "what": f"modelled, not measured: {PROFILES['gpu'].model_name} (bf16) on a {cost.assumptions()}",
+        "requests_on_80_gib": capacity,
+        "pressure_workload": f"{GPU_PRESSURE_PROMPT_LEN} in / {GPU_PRESSURE_OUTPUT_LEN} out tokens, {num_requests} "
+        f"requests per concurrency in a closed loop, a pool of {GPU_PRESSURE_BLOCKS} blocks of 16",
+        "knee_concurrency": knee,
+        "first_preempting_concurrency": next((r["concurrency"] for r in rows if r["preemptions"]), None),
+        "by_concurrency": {str(r["concurrency"]): {key: r[key] for key in GPU_SUMMARY_KEYS} for r in rows},
+    }
+    return {
+        "rows": rows,
+        "summary": summary,
+        "assumptions": {
+            "cost_model": cost.as_dict(),
+            "in_tokens": GPU_PRESSURE_PROMPT_LEN,
+            "out_tokens": GPU_PRESSURE_OUTPUT_LEN,
+            "num_prompts_per_level": num_requests,
+            "num_kv_blocks": GPU_PRESSURE_BLOCKS,
+            "block_size": 16,
+            "policy": "chunked, max_num_batched_tokens 2048",
+            "card_gib": GPU_CARD_GIB,
+            "activation_gib": GPU_ACTIVATION_GIB,
+        },
+        "meta": simulated_gpu_provenance(cost),
+    }
+
+
+def save_gpu_simulated(part: dict):
+    """results/08_paged_kv_gpu_simulated.json and figures/08_pressure_gpu_simulated.png."""
+    summary = part["summary"]
+    title = (
+        f"SIMULATED: {PROFILES['gpu'].model_name}, {GPU_PRESSURE_PROMPT_LEN} in / {GPU_PRESSURE_OUTPUT_LEN} out "
+        f"tokens, a pool of {GPU_PRESSURE_BLOCKS} blocks of 16, a roofline's step costs"
+    )
+    figure = save_figure(
+        plot_pressure(part["rows"], summary["knee_concurrency"], tail="p99", title=title),
+        "08_pressure_gpu_simulated",
+        part["meta"],
+    )
+    path = save_results(
+        "08_paged_kv_gpu_simulated", part["rows"], part["meta"], summary=summary, assumptions=part["assumptions"]
+    )
+    return path, figure
+
+
+def measured(profile_name: str | None, rounds: int) -> dict:
+    """The parts measured on this machine's profile: results/08_paged_kv_<profile>.json and figures/08_pressure.png."""
+    profile = pick_profile(profile_name)
     lm = load_model(profile=profile)
     model = Transformer.from_hf(lm.model)
     vocab = lm.config.vocab_size
     varied = mixed_workload("varied", vocab, 128, (32, 128), (32, 128), seed=8)
     with cpu_threads(1 if profile.device == "cpu" else None):
-        pressure = pressure_sweep(lm, PRESSURE_LEVELS, num_kv_blocks=PRESSURE_BLOCKS, rounds=args.rounds)
+        pressure = pressure_sweep(lm, PRESSURE_LEVELS, num_kv_blocks=PRESSURE_BLOCKS, rounds=rounds)
         knee = requests_that_fit(PRESSURE_BLOCKS, 16, 128 + 64)
         save_figure(plot_pressure(pressure, knee), "08_pressure", provenance(lm))
         results = {
             "pressure": {"rows": pressure, "knee_concurrency": knee, "num_kv_blocks": PRESSURE_BLOCKS},
             "waste": reservation_waste([len(p) + n for p, n in zip(varied.prompts, varied.output_lens)], 1024),
-            "capacity": capacity_at_equal_memory(model, varied, slots=8, max_model_len=1024, rounds=args.rounds),
-            "prefix": prefix_caching_ttft(model, shared_prefix_workload(vocab, 12, 1024, 16, 8), rounds=args.rounds),
-            "indirection": indirection_cost(model, rounds=args.rounds),
+            "capacity": capacity_at_equal_memory(model, varied, slots=8, max_model_len=1024, rounds=rounds),
+            "prefix": prefix_caching_ttft(model, shared_prefix_workload(vocab, 12, 1024, 16, 8), rounds=rounds),
+            "indirection": indirection_cost(model, rounds=rounds),
         }
     summary = {
         "throughput_ratio_paged_over_slots": results["capacity"]["throughput_ratio_paged_over_slots"],
@@ -327,6 +470,36 @@ def main(argv: list[str] | None = None) -> dict:
     }
     path = save_results(f"08_paged_kv_{profile.name}", [], provenance(lm), **results, summary=summary)
     print(f"wrote {path}: {summary}")
+    return results
+
+
+PARTS = ("measured", "gpu")
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(prog="python -m infer.experiments.paged_kv", description=__doc__)
+    parser.add_argument("--profile", default=None)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument(
+        "--only",
+        nargs="+",
+        choices=PARTS,
+        default=PARTS,
+        help="measured: the parts run on this machine's profile; gpu: the gpu profile, simulated",
+    )
+    args = parser.parse_args(argv)
+    results = {}
+    if "measured" in args.only:
+        results["measured"] = measured(args.profile, args.rounds)
+    if "gpu" in args.only:
+        results["gpu"] = gpu_simulated()
+        path, figure = save_gpu_simulated(results["gpu"])
+        summary = results["gpu"]["summary"]
+        print(
+            f"wrote {path} and {figure} (SIMULATED): requests of {GPU_PROMPT_LEN} + {GPU_OUTPUT_LEN} tokens on "
+            f"{GPU_CARD_GIB} GiB: {summary['requests_on_80_gib']}; the pool holds {summary['knee_concurrency']}, "
+            f"first preemptions at concurrency {summary['first_preempting_concurrency']}"
+        )
     return results
 
 
