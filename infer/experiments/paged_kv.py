@@ -271,6 +271,7 @@ def plot_pressure(
             ax.plot(x, [r[key] for r in rows], marker="o", label=key)
         ax.axvline(knee, color="0.5", linestyle="--")
         ax.set_ylabel(label)
+        ax.set_ylim(bottom=0)  # from zero: a flat TPOT must not look like a climb
     axes[0].text(knee, 0, f" the pool holds {knee} requests whole", va="bottom", color="0.3")
     axes[1].legend(fontsize=8)
     axes[-1].set_xlabel("concurrency (requests in flight, closed loop)")
