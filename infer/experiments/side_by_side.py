@@ -151,27 +151,35 @@ def run_servers(
         reason = None if vllm_url else vllm_missing_reason()
         if reason:
             print(f"vLLM skipped: {reason}")
-            return measure(systems, rounds, progress), cores_used(course_log, in_process_log, None)
+            return measure(systems, rounds, progress), cores_used(course_log, None, in_process_log)
         if vllm_url:
             systems["vllm-server"] = lambda c, name: bench_server(vllm_url, lm, folder, bench_dir, name, c)
-            return measure(systems, rounds, progress), cores_used(course_log, in_process_log, None)
+            return measure(systems, rounds, progress), cores_used(course_log, None, in_process_log)
         with running_vllm_server(
             folder, lm.name, vllm_log, dtype=dtype_name(lm.dtype), max_model_len=settings.max_model_len
         ) as url:
             systems["vllm-server"] = lambda c, name: bench_server(url, lm, folder, bench_dir, name, c)
-            return measure(systems, rounds, progress), cores_used(course_log, in_process_log, vllm_log)
+            return measure(systems, rounds, progress), cores_used(course_log, vllm_log, in_process_log)
 
 
-def cores_used(course_log: Path, in_process_log: Path, vllm_log: Path | None) -> dict:
+def course_cores(log: Path) -> str:
+    """Where a course server's model computed, from its log: the engine core's line if it ran one."""
+    text = log.read_text()
+    core = re.search(r"engine core: process \d+, (\d+) torch thread", text)
+    if core:
+        return (
+            f"engine core on {core.group(1)} torch thread(s), in a process of its own (every core but one); "
+            "the HTTP front end in another process"
+        )
+    device = re.search(r"device: ([^|]+?) \|", text)
+    return f"{device.group(1) if device else 'unknown'}, in one process with its HTTP front end"
+
+
+def cores_used(course_log: Path, vllm_log: Path | None, in_process_log: Path | None = None) -> dict:
     """What each server's log says about the cores its model computed on."""
-    course = re.search(r"device: ([^|]+?) \|", in_process_log.read_text())
-    core = re.search(r"engine core: process \d+, (\d+) torch thread", course_log.read_text())
-    device = course.group(1) if course else "unknown"
-    cores = {
-        "course-server": f"engine core on {core.group(1) if core else 'unknown'} torch thread(s), in a process of "
-        "its own (every core but one); the HTTP front end in another process",
-        "course-server-in-process": f"{device}, in one process with its HTTP front end",
-    }
+    cores = {"course-server": course_cores(course_log)}
+    if in_process_log is not None:
+        cores["course-server-in-process"] = course_cores(in_process_log)
     if vllm_log is not None:
         text = vllm_log.read_text()
         found = {
