@@ -240,7 +240,8 @@ def pressure_sweep(
             requests = workload_for_model(lm.config, rounds * level, input_len, output_len, seed=level)
             metrics, _ = run_benchmark(server.url, "pressure", requests, max_concurrency=level, progress=False)
             after = read_metrics(http.get(server.url + "/metrics").text)["infer:num_preemptions_total"]
-            rows.append({"concurrency": level, "preemptions": after - before, **metrics})
+            summary = {key: value for key, value in metrics.items() if not isinstance(value, list)}  # not per request
+            rows.append({"concurrency": level, "preemptions": after - before, **summary})
     return rows
 
 
