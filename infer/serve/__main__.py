@@ -45,6 +45,8 @@ def main(argv: list[str] | None = None) -> None:
         engine_threads=args.engine_threads,
     )
     served = build_served(lm, settings)
+    if settings.engine_process:  # the line side_by_side reads from the log: where the model computes
+        print(f"engine core: process {served.engine.process.pid}, {served.engine.num_threads} torch thread(s)")
     url = f"http://{LOOPBACK}:{args.port}/v1"
     print(
         f"Serving {served.model_name} ({settings.policy} policy, engine "

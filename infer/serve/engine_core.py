@@ -16,7 +16,6 @@ dies, the API process fails every open stream and answers 503 from then on.
 import asyncio
 import logging
 import multiprocessing
-import os
 import threading
 import time
 import traceback
@@ -36,7 +35,6 @@ IDLE_POLL_S = 0.5  # an idle core still checks this often that its parent is ali
 def run_engine_core(conn, model, settings: EngineSettings, num_threads: int) -> None:
     """The core process's main: build the engine, then serve the pipe until told to stop."""
     torch.set_num_threads(num_threads)
-    print(f"engine core: process {os.getpid()}, {num_threads} torch thread(s)", flush=True)  # into the server's log
     try:
         engine = make_engine(model, settings)
     except Exception as exc:
@@ -97,9 +95,12 @@ class EngineProcess(EngineClient):
         self.conn, core_end = context.Pipe()
         # As vLLM's CPU build: the core computes on every core but one, left to the API process. On two
         # cores (tiny model, course client) one thread gave 1.26x the output tok/s of two at concurrency 32.
-        threads = settings.engine_threads or max(1, torch.get_num_threads() - 1)
+        self.num_threads = settings.engine_threads or max(1, torch.get_num_threads() - 1)
         self.process = context.Process(
-            target=run_engine_core, args=(core_end, model, settings, threads), name="engine-core", daemon=True
+            target=run_engine_core,
+            args=(core_end, model, settings, self.num_threads),
+            name="engine-core",
+            daemon=True,
         )
         self.model = model  # kept alive: a GPU model's tensors are shared with the core, not copied
         self.send_lock = threading.Lock()
