@@ -393,7 +393,7 @@ def main(argv: list[str] | None = None) -> None:
                 "VLLM_CPU_KVCACHE_SPACE_GiB": KV_CACHE_GIB,
                 "started_by_this_run": args.vllm_url is None,
             },
-            "client": "vllm bench serve for both servers; the sequential baseline in process",
+            "client": "vllm bench serve for every server; the sequential baseline in process",
             "cores": cores,
             "torch_threads_sequential": torch.get_num_threads(),
             "wall_s": time.perf_counter() - started,
