@@ -70,10 +70,12 @@ def test_step_shape_counts_attention_pairs_of_a_later_chunk():
     assert second.sampled_rows == 1 and first.sampled_rows == 0
 
 
-def test_decode_kv_tokens_sum_each_decodes_context():
+def test_decode_keys_are_counted_summed_and_as_the_rectangle_the_batched_attention_computes():
     run = simulate(FixedStepCost(1.0), [3, 5], [3, 3], policy="chunked", max_num_seqs=2, max_num_batched_tokens=64)
-    assert run.steps[1].shape.decode_seqs == 2
-    assert run.steps[1].shape.decode_kv_tokens == (3 + 1) + (5 + 1)  # each attends to prompt + its new token
+    shape = run.steps[1].shape
+    assert shape.decode_seqs == 2
+    assert shape.decode_kv_tokens == (3 + 1) + (5 + 1)  # each attends to prompt + its new token
+    assert shape.decode_padded_kv_tokens == 2 * (5 + 1), "two decodes, each padded to the longest's 6 keys"
 
 
 def test_fit_recovers_known_costs():
@@ -85,7 +87,7 @@ def test_fit_recovers_known_costs():
             "prefill_tokens": 0.05,
             "prefill_ends": 0.4,
             "decode_seqs": 0.3,
-            "decode_kv_tokens": 0.0,
+            "decode_padded_kv_tokens": 2e-4,
             "prefill_attention_pairs": 1e-5,
         }
     )
@@ -93,7 +95,8 @@ def test_fit_recovers_known_costs():
     for _ in range(200):
         p, d = rng.choice([0, rng.randint(1, 2000)]), rng.randint(0, 32)
         ends = rng.randint(0, 3) if p else 0
-        shapes.append(StepShape(p, d, d * rng.randint(10, 500), p * p // 2, d + ends))
+        context = rng.randint(10, 500)
+        shapes.append(StepShape(p, d, d * context, p * p // 2, d + ends, d * (context + rng.randint(0, 200))))
     times = [truth.step_ms(s) for s in shapes]
     fitted = LinearStepCost.fit(shapes, times)
     for name in FEATURES:
@@ -101,13 +104,18 @@ def test_fit_recovers_known_costs():
     assert np.max(np.abs(fitted.relative_errors(shapes, times))) < 1e-6
 
 
+def decode_shape(batch: int, rng: random.Random) -> StepShape:
+    """A decode-only step of `batch` sequences of 300 keys, the longest of them 300-500."""
+    return StepShape(0, batch, batch * 300, 0, batch, batch * rng.randint(300, 500))
+
+
 def test_steps_with_prompt_tokens_weigh_as_much_as_the_decode_steps():
     """Decode steps outnumber the steps that run prompt tokens, which decide TTFT: each group
     weighs the same in the fit whatever its count, so tripling the decode steps changes nothing."""
     rng = random.Random(1)
-    decode = [StepShape(0, d, d * rng.randint(50, 500), 0, d) for d in (rng.randint(1, 32) for _ in range(60))]
+    decode = [decode_shape(d, rng) for d in (rng.randint(1, 32) for _ in range(60))]
     prompt = [
-        StepShape(p, d, d * rng.randint(50, 500), p * p // 2, d + ends)
+        StepShape(p, d, d * 300, p * p // 2, d + ends, d * rng.randint(300, 500))
         for p, d, ends in ((rng.randint(8, 512), rng.randint(0, 8), rng.randint(0, 2)) for _ in range(20))
     ]
     noisy = lambda shape: (5 + 0.4 * shape.decode_seqs + 0.1 * shape.prefill_tokens) * rng.uniform(0.8, 1.2)  # noqa: E731
@@ -123,7 +131,7 @@ def test_noisy_step_times_do_not_bias_the_summed_time_low():
     the measured times would favour the fast half and make every simulated sum short; taken
     against the modelled times, the fit's summed time is the measured one."""
     rng = random.Random(2)
-    shapes = [StepShape(0, d, d * rng.randint(50, 500), 0, d) for d in (rng.randint(1, 32) for _ in range(400))]
+    shapes = [decode_shape(d, rng) for d in (rng.randint(1, 32) for _ in range(400))]
     times = [(5 + 0.5 * s.decode_seqs) * rng.choice([1.0, 3.0]) for s in shapes]
     fitted = LinearStepCost.fit(shapes, times)
     predicted = sum(fitted.step_ms(s) for s in shapes)
@@ -131,7 +139,7 @@ def test_noisy_step_times_do_not_bias_the_summed_time_low():
 
 
 def test_fit_never_returns_a_negative_cost():
-    shapes = [StepShape(p, 0, 0, 0, 0) for p in range(1, 30)]
+    shapes = [StepShape(p, 0, 0, 0, 0, 0) for p in range(1, 30)]
     times = [10.0 - 0.1 * p for p in range(1, 30)]  # prefill tokens that "save" time: not physical
     fitted = LinearStepCost.fit(shapes, times)
     assert all(v >= 0 for v in fitted.ms_per_unit.values())
@@ -139,7 +147,7 @@ def test_fit_never_returns_a_negative_cost():
 
 def test_fit_refuses_too_few_steps():
     with pytest.raises(ValueError, match=f"need at least {len(FEATURES)} measured steps"):
-        LinearStepCost.fit([StepShape(1, 0, 0, 1, 1)], [1.0])
+        LinearStepCost.fit([StepShape(1, 0, 0, 1, 1, 0)], [1.0])
 
 
 def test_roofline_decode_is_bandwidth_bound_and_long_prefill_compute_bound():
@@ -147,9 +155,9 @@ def test_roofline_decode_is_bandwidth_bound_and_long_prefill_compute_bound():
         MODEL_SPECS["qwen2.5-1.5b"].config(), 2, device="test", peak_flops=1e15, bandwidth=3e12, overhead_ms=0.0
     )
     weight_ms = (cost.layer_parameters + cost.head_parameters) * 2 / 3e12 * 1e3
-    decode = cost.step_ms(StepShape(0, 1, 100, 0, 1))
+    decode = cost.step_ms(StepShape(0, 1, 100, 0, 1, 100))
     assert decode == pytest.approx(weight_ms, rel=0.01)  # one token: streaming the weights is all
-    prefill = StepShape(8192, 0, 0, 8192 * 8193 // 2, 1)
+    prefill = StepShape(8192, 0, 0, 8192 * 8193 // 2, 1, 0)
     flops_ms = (
         (
             2 * cost.layer_parameters * 8192

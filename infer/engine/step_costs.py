@@ -1,8 +1,13 @@
 """What one engine step costs, as a function of what it computes: the simulator's clock.
 
 A step's time depends on its shape (infer.engine.step_record.StepShape), not on token values:
-prefill tokens, decode sequences, the KV tokens the decodes read, and the query-key pairs of the
-prefill chunks, plus the step itself, a fixed overhead. The engine's model also pays per prompt
+prefill tokens, decode sequences, the keys the decodes' attention computes over, and the
+query-key pairs of the prefill chunks, plus the step itself, a fixed overhead. The course engine
+runs all decodes in one attention call over a rectangle as wide as the longest decode's keys
+(the others masked), so the linear model counts that rectangle (decodes x longest), not the sum of
+their keys: fitted on the sum, it charged a batch of short contexts what its calibration's long
+ones cost. A GPU's paged kernel reads only each sequence's own keys, so the roofline model counts
+the sum. The engine's model also pays per prompt
 chunk, apart from its tokens: each chunk is its own gather and attention call in every layer
 (infer.paged_attention), and each chunk that ends a prompt samples a token. A step holds at most
 one chunk that does not end its prompt, so "does the step run prompt tokens?" and "how many
@@ -30,7 +35,7 @@ FEATURES = (
     "prefill_tokens",
     "prefill_ends",
     "decode_seqs",
-    "decode_kv_tokens",
+    "decode_padded_kv_tokens",
     "prefill_attention_pairs",
 )
 
@@ -46,7 +51,7 @@ def features(shape: StepShape) -> np.ndarray:
             shape.prefill_tokens,
             shape.sampled_rows - shape.decode_seqs,
             shape.decode_seqs,
-            shape.decode_kv_tokens,
+            shape.decode_padded_kv_tokens,
             shape.prefill_attention_pairs,
         ]
     )

@@ -32,6 +32,9 @@ class StepShape:
     decode_kv_tokens: int  # keys the decodes read, summed: decode attention streams the cache
     prefill_attention_pairs: int  # query-key pairs of the prefill chunks: the quadratic term of long prompts
     sampled_rows: int  # rows that go through the output head
+    # decodes x the longest decode's keys: the course engine's batched decode attention computes over that
+    # rectangle, each shorter sequence masked (infer.paged_attention), so its cost follows this, not the sum
+    decode_padded_kv_tokens: int
 
     @classmethod
     def of(cls, items: tuple[StepItem, ...]) -> "StepShape":
@@ -46,6 +49,7 @@ class StepShape:
                 i.num_tokens * i.start + i.num_tokens * (i.num_tokens + 1) // 2 for i in prefill
             ),
             sampled_rows=sum(i.samples for i in items),
+            decode_padded_kv_tokens=len(decodes) * max((i.start + 1 for i in decodes), default=0),
         )
 
 

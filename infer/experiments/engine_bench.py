@@ -375,7 +375,12 @@ def gpu_simulated(workloads: list[Workload], batches=STEP_BATCHES, context: int 
     step_ms = {
         str(b): cost.step_ms(
             StepShape(
-                prefill_tokens=0, decode_seqs=b, decode_kv_tokens=b * context, prefill_attention_pairs=0, sampled_rows=b
+                prefill_tokens=0,
+                decode_seqs=b,
+                decode_kv_tokens=b * context,
+                prefill_attention_pairs=0,
+                sampled_rows=b,
+                decode_padded_kv_tokens=b * context,
             )
         )
         for b in batches
