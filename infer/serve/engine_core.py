@@ -3,7 +3,7 @@ HTTP, detokenizes and writes streams; the engine-core process only schedules, ru
 samples. They share no interpreter, so neither waits for the other's GIL, and they talk over one
 pipe:
 
-    API process  -> core:  ("add", id, prompt, params) | ("abort", id) | ("stop",)
+    API process  -> core:  ("add", id, prompt, params, arrival) | ("abort", id) | ("stop",)
     core -> API process:   ("ready", stats) | ("added", id, error or None)
                            | ("step", outputs, stats) | ("stats", stats) | ("failed", error)
 
