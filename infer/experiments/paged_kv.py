@@ -8,7 +8,8 @@
 - `prefix_caching_ttft`: requests that share a long system prompt, one at a time, with prefix
   caching off and on, in alternating rounds: TTFT and the hit rate.
 - `indirection_cost`: one decode step of a full batch through block tables of small blocks vs
-  through slots read in place, timed in alternating rounds;
+  through slots read in place, timed in alternating rounds; and the same for 4 sequences of
+  1,088 tokens, the decodes of the shared-prefix comparison with vLLM (prefix_vs_vllm);
 - `pressure_sweep`: the course server with a small paged pool, driven by the benchmark client at
   rising concurrency: preemptions (from /metrics), TTFT, TPOT and throughput, the knee marked;
 - `gpu_simulated`: what this machine cannot run, modelled and stamped SIMULATED: week 02's memory
@@ -170,7 +171,7 @@ def indirection_cost(
     model, batch: int = 32, context: int = 288, block_size: int = 16, steps: int = 20, rounds: int = 3
 ) -> dict:
     """Median ms of a decode step of `batch` sequences: slots read in place vs small blocks gathered."""
-    prompt = list(range(1, context + 1))
+    prompt = [1 + i % (model.arch.vocab_size - 1) for i in range(context)]  # any ids: the cost is in the shapes
     engines = {
         "slots": Engine(
             model,
@@ -460,6 +461,8 @@ def measured(profile_name: str | None, rounds: int) -> dict:
             "capacity": capacity_at_equal_memory(model, varied, slots=8, max_model_len=1024, rounds=rounds),
             "prefix": prefix_caching_ttft(model, shared_prefix_workload(vocab, 12, 1024, 16, 8), rounds=rounds),
             "indirection": indirection_cost(model, rounds=rounds),
+            # the decodes of prefix_vs_vllm: 4 in flight, each with a 1,024-token prompt and 32 of its own
+            "indirection_long_context": indirection_cost(model, batch=4, context=1088, rounds=rounds),
         }
     summary = {
         "throughput_ratio_paged_over_slots": results["capacity"]["throughput_ratio_paged_over_slots"],
