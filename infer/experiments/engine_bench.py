@@ -1,7 +1,7 @@
 """Week 05's benchmark, each effect of batching measured apart, in one run: `make bench`, or
 `python -m infer.experiments.engine_bench`. Writes results/05_engine_bench_<profile>.json and
-figures/05_engine_bench.png, and prints how long it took (about 7 minutes on a quiet 2-core
-machine; 15 under a load average of 6-8).
+figures/05_engine_bench.png, and prints how long it took (3.2 minutes on the quiet 2-core machine
+of the committed run, 7 on another; 15 under a load average of 6-8).
 
 Each effect is a ratio of output tokens/s between two systems that serve the same requests:
 - padding: the engine's static batching against `transformers`' static batched `generate()`, on
