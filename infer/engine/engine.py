@@ -23,7 +23,7 @@ from tqdm.auto import tqdm
 from infer.engine.clock import WallClock
 from infer.engine.kv_store import KVStore, SlotKVStore
 from infer.engine.model_runner import ModelRunner
-from infer.engine.paged_kv_store import PagedKVStore
+from infer.engine.paged_kv_store import PagedKVStore, blocks_like_slots
 from infer.engine.phase_times import PhaseTimes
 from infer.engine.sampler import Sampler
 from infer.engine.scheduler import Limits, Policy, Scheduler, make_policy
@@ -66,7 +66,7 @@ class Engine:
         if kv_store == "slots":
             kv_store = SlotKVStore.for_model(model, max_num_seqs, max_model_len)
         elif kv_store == "paged":
-            num_kv_blocks = num_kv_blocks or max_num_seqs * -(-max_model_len // block_size)
+            num_kv_blocks = num_kv_blocks or blocks_like_slots(max_num_seqs, max_model_len, block_size)
             kv_store = PagedKVStore.for_model(
                 model, num_kv_blocks, block_size, enable_prefix_caching=enable_prefix_caching
             )

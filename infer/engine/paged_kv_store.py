@@ -29,6 +29,11 @@ class Block:
     prefix_hash: int | None = None  # the name of the prefix ending with this block, once it is full
 
 
+def blocks_like_slots(max_num_seqs: int, max_model_len: int, block_size: int) -> int:
+    """The blocks that hold as much KV memory as `max_num_seqs` slots of `max_model_len` positions."""
+    return max_num_seqs * -(-max_model_len // block_size)
+
+
 class PagedKVStore:
     def __init__(
         self,

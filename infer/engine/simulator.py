@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from infer.engine.clock import VirtualClock
 from infer.engine.engine import Engine
 from infer.engine.kv_store import SlotKVStore
-from infer.engine.paged_kv_store import PagedKVStore
+from infer.engine.paged_kv_store import PagedKVStore, blocks_like_slots
 from infer.engine.replay import replay
 from infer.engine.sampler import Sampler
 from infer.engine.scheduler import Limits, Policy, Work
@@ -74,7 +74,8 @@ class SimulatedEngine(Engine):
         if kv_store == "slots":
             store = SlotKVStore(max_num_seqs, max_model_len)
         elif kv_store == "paged":
-            store = PagedKVStore(num_kv_blocks or max_num_seqs * -(-max_model_len // block_size), block_size)
+            num_kv_blocks = num_kv_blocks or blocks_like_slots(max_num_seqs, max_model_len, block_size)
+            store = PagedKVStore(num_kv_blocks, block_size)
         else:
             raise ValueError(f"unknown kv_store {kv_store!r}; valid: 'slots', 'paged'")
         clock = VirtualClock()

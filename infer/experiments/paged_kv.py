@@ -38,6 +38,7 @@ from infer.engine.replay import replay
 from infer.engine.sequence import benchmark_params
 from infer.engine.simulator import simulate
 from infer.experiments.chunked_prefill_run import gpu_step_cost, simulated_gpu_provenance
+from infer.experiments.rounds import spread
 from infer.generate import cached_greedy_generate
 from infer.kv_cache import KVCache
 from infer.memory import kv_tokens_that_fit
@@ -67,10 +68,6 @@ def reservation_waste(total_lens: list[int], max_model_len: int, block_sizes=BLO
         "slots": waste(max_model_len * len(total_lens)),
         **{f"paged_b{b}": waste(sum(-(-n // b) * b for n in total_lens)) for b in block_sizes},
     }
-
-
-def spread(values: list[float]) -> dict:
-    return {"median": statistics.median(values), "min": min(values), "max": max(values), "rounds": values}
 
 
 def serve_once(engine: Engine, workload: Workload) -> dict:
