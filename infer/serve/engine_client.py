@@ -41,6 +41,8 @@ class _Stream:
 class EngineClient:
     def __init__(self, metrics=None):
         self.metrics = metrics  # a ServerMetrics, or None
+        if metrics is not None:
+            metrics.attach(self.stats)  # its gauges read this engine's stats, wherever it runs
         self.streams: dict[str, _Stream] = {}
         self.guard = threading.Lock()  # protects `streams`, never held during a step
         self.error: BaseException | None = None  # what stopped the engine, if anything did

@@ -70,7 +70,7 @@ class EngineCounters(Collector):
 
 
 class ServerMetrics:
-    """The server's metrics; `attach` the engine's `stats` reader before the first scrape."""
+    """The server's metrics. The engine client they are given to attaches its `stats` reader."""
 
     def __init__(self, model_name: str):
         self.registry = CollectorRegistry()  # one per server, so that tests can run several

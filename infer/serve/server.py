@@ -41,7 +41,6 @@ def build_served(lm, settings: EngineSettings = EngineSettings(), model_name: st
         engine = EngineProcess(model, settings, metrics).start()
     else:
         engine = EngineThread(make_engine(model, settings), metrics).start()
-    metrics.attach(engine.stats)
     return Served(engine, with_chat_template(lm.tokenizer), name, settings.max_model_len, metrics)
 
 
