@@ -5,6 +5,7 @@ import pytest
 
 from infer.experiments.serving_breakdown import format_breakdown, per_step_ms, plot_breakdown, read_time_counters
 from infer.provenance import provenance
+from infer.serve.metrics import metric_samples, read_metrics
 
 PAGE = """# HELP infer:engine_steps_total Engine steps run (one forward pass each).
 infer:engine_steps_total{model_name="tiny"} 200.0
@@ -46,3 +47,10 @@ def test_table_and_figure(tiny):
     assert "course-server-in-process" in table and "15.00" in table and "detokenize" in table
     path = plot_breakdown(rows, provenance(tiny))
     assert path.exists() and path.stat().st_size > 10_000
+
+
+def test_prometheus_samples_keep_their_labels_and_read_metrics_sums_over_them():
+    samples = metric_samples(PAGE + 'infer:quoted_total{model_name="say \\"hi\\""} 1.0\n')
+    assert ("infer:engine_phase_seconds_total", {"model_name": "tiny", "phase": "sample"}, 0.4) in samples
+    assert samples[-1][1] == {"model_name": 'say \\"hi\\"'}, "a quoted label value must not end the label early"
+    assert read_metrics(PAGE)["infer:engine_phase_seconds_total"] == pytest.approx(0.2 + 3.0 + 0.4 + 0.2)

@@ -11,26 +11,24 @@ between steps is not given: the client's duration leaves out its own start and w
 the counters include the steps of its warm-up requests, so wall time per step would be wrong.
 """
 
-import re
-
 import httpx
 
-ENGINE_PHASES = ("schedule", "forward", "sample", "update", "send")
-FRONTEND_PARTS = ("deliver", "detokenize", "sse")
-LINE = re.compile(r"^infer:(engine_phase_seconds_total|frontend_seconds_total|engine_steps_total)\{([^}]*)\} (\S+)$")
-LABEL = re.compile(r'(phase|part)="([^"]+)"')
+from infer.engine.phase_times import PHASES
+from infer.serve.metrics import FRONTEND_PARTS, metric_samples
+
+ENGINE_PHASES = (*PHASES, "send")  # send: the core process pickling a step's outputs into the pipe
 
 
 def read_time_counters(text: str) -> dict[str, float]:
     """{"steps": n, "forward": s, "detokenize": s, ...} from a /metrics page."""
     counters: dict[str, float] = {}
-    for line in text.splitlines():
-        match = LINE.match(line)
-        if not match:
-            continue
-        name, labels, value = match.groups()
-        label = LABEL.search(labels)
-        counters["steps" if name == "engine_steps_total" else label.group(2)] = float(value)
+    for name, labels, value in metric_samples(text):
+        if name == "infer:engine_steps_total":
+            counters["steps"] = value
+        elif name == "infer:engine_phase_seconds_total":
+            counters[labels["phase"]] = value
+        elif name == "infer:frontend_seconds_total":
+            counters[labels["part"]] = value
     return counters
 
 

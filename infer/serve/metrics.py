@@ -11,6 +11,7 @@ Server-side TTFT counts from the moment the request reached the engine; a client
 network and the HTTP handling on both ends.
 """
 
+import re
 import threading
 import time
 
@@ -129,15 +130,26 @@ class ServerMetrics:
         return generate_latest(self.registry)
 
 
-def read_metrics(text: str) -> dict[str, float]:
-    """{sample name: value} from Prometheus text, summed over label sets (for tests and notebooks)."""
-    values: dict[str, float] = {}
+LABEL_PAIR = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
+
+
+def metric_samples(text: str) -> list[tuple[str, dict[str, str], float]]:
+    """(sample name, its labels, value) for every sample line of Prometheus text."""
+    samples = []
     for line in text.splitlines():
         if line.startswith("#") or not line.strip():
             continue
         name_and_labels, value = line.rsplit(" ", 1)
-        name = name_and_labels.split("{", 1)[0]
-        values[name] = values.get(name, 0.0) + float(value)
+        name, _, labels = name_and_labels.partition("{")
+        samples.append((name, dict(LABEL_PAIR.findall(labels)), float(value)))
+    return samples
+
+
+def read_metrics(text: str) -> dict[str, float]:
+    """{sample name: value} from Prometheus text, summed over label sets (for tests and notebooks)."""
+    values: dict[str, float] = {}
+    for name, _, value in metric_samples(text):
+        values[name] = values.get(name, 0.0) + value
     return values
 
 
