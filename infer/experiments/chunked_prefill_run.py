@@ -58,7 +58,7 @@ from infer.plotting import save_figure
 from infer.profiles import PROFILES, pick_profile
 from infer.provenance import provenance
 from infer.timing import cpu_threads
-from infer.workloads import arrival_offsets, mixed_workload
+from infer.workloads import Workload, arrival_offsets, mixed_workload
 
 ROUNDS = 3
 CHUNKED_STALL_BUDGET = 128
@@ -174,14 +174,18 @@ def this_machines_slos(model, vocab_size: int) -> tuple[dict, dict]:
     return sweep_slos(decode_ms, per_token_ms, streams, mean_prompt), costs
 
 
+def sweep_workload(concurrency: int, vocab_size: int) -> Workload:
+    """The requests the sweep serves at one load (the same in every round and on the simulator)."""
+    return mixed_workload(
+        f"sweep-c{concurrency}", vocab_size, SWEEP_REQUESTS, SWEEP_PROMPT_LENS, SWEEP_OUTPUT_LENS, seed=concurrency
+    )
+
+
 def sweep(model, vocab_size: int, meta: dict, profile: str):
     """Every budget at every load, once per round, with the calibration runs in between, so that
     a shared machine's drift meets the sweep and the calibration alike."""
     slo_ms, step_costs = this_machines_slos(model, vocab_size)
-    workloads = {
-        c: mixed_workload(f"sweep-c{c}", vocab_size, SWEEP_REQUESTS, SWEEP_PROMPT_LENS, SWEEP_OUTPUT_LENS, seed=c)
-        for c in SWEEP_CONCURRENCY
-    }
+    workloads = {c: sweep_workload(c, vocab_size) for c in SWEEP_CONCURRENCY}
     calibration = mixed_workload("calibration", vocab_size, CALIBRATION_REQUESTS, (16, 768), (8, 64), seed=1234)
     calibrations = [
         ("calibration", partial(serve, model, calibration, policy, budget, max_num_seqs=c, max_concurrency=c))
