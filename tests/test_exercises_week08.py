@@ -20,7 +20,8 @@ from infer.course.exercises.week08 import (
 )
 from infer.engine import paged_kv_store
 from infer.engine.paged_kv_store import PagedKVStore
-from infer.engine.sequence import SamplingParams, Sequence
+from infer.engine.scheduler import Limits, Scheduler, make_policy
+from infer.engine.sequence import SamplingParams, Sequence, Status
 
 STORE = "infer.engine.paged_kv_store.PagedKVStore"
 
@@ -449,3 +450,101 @@ def test_the_reference_prefix_is_the_library_stores():
             store.allocate(seq, seq.num_tokens)
             if rng.random() < 0.5:
                 store.free(seq)
+
+
+# ---------------------------------------------------------------- preemption: who makes room
+
+
+def make_room(running, free_blocks, block_size, *, victim_index=-1, return_blocks=True, count_growth=True):
+    """A student's make_room, right by default; each keyword breaks one rule the lab states."""
+    live, granted, preempted, index = list(running), [], [], 0
+    while index < len(live):
+        request_id, cached, new = live[index]
+        held = -(-cached // block_size)
+        needed = -(-(cached + new) // block_size) - held if count_growth else -(-new // block_size)
+        while needed > free_blocks:
+            victim = live.pop(index if victim_index == 0 else -1)
+            free_blocks += -(-victim[1] // block_size) if return_blocks else 0
+            preempted.append(victim[0])
+            if victim[0] == request_id:
+                break
+        else:
+            free_blocks -= needed
+            granted.append(request_id)
+            index += 1
+    return granted, preempted
+
+
+def test_the_right_make_room_passes():
+    verdict = week08.grade_make_room(make_room)
+    assert verdict.ok, verdict.line
+
+
+@pytest.mark.parametrize(
+    ("wrong", "rule"),
+    [
+        (lambda r, f, b: make_room(r, f, b, victim_index=0), "the victim is the newest running sequence"),
+        (lambda r, f, b: make_room(r, f, b, return_blocks=False), "blocks go back to the pool"),
+        (lambda r, f, b: make_room(r, f, b, count_growth=False), "beyond those"),
+        (lambda r, f, b: ([request_id for request_id, *_ in r], []), "someone must be preempted"),
+        (
+            lambda r, f, b: (make_room(r, f, b)[0], make_room(r, f, b)[1][::-1]),
+            "the newest running sequence goes first",
+        ),
+        (lambda r, f, b: make_room(r, f, b)[0], "expected (granted, preempted)"),
+        (lambda r, f, b: None, "a missing return"),
+    ],
+)
+def test_a_make_room_that_breaks_a_rule_is_named(wrong, rule):
+    verdict = week08.grade_make_room(wrong)
+    assert not verdict.ok and rule in verdict.reason, verdict.line
+
+
+def test_a_make_room_that_knows_only_the_scripted_states_fails_on_the_random_ones():
+    scripted = {
+        case.running: week08.reference_make_room(case.running, case.free_blocks, case.block_size)
+        for case in week08.room_cases([], 0)
+    }
+    verdict = week08.grade_make_room(lambda r, f, b: scripted.get(tuple(r), ([], [])))
+    assert not verdict.ok and "random state" in verdict.reason, verdict.line
+
+
+def test_the_random_states_preempt():
+    cases = week08.room_cases([random.Random(0)], 16)[8:]
+    assert sum(bool(week08.reference_make_room(c.running, c.free_blocks, c.block_size)[1]) for c in cases) >= 4
+
+
+@pytest.mark.parametrize(
+    "borrowed",
+    [
+        lambda r, f, b: week08.reference_make_room(r, f, b),
+        lambda r, f, b: week08._make_room(r, f, b),
+        lambda r, f, b: library_make_room(r, f, b),
+    ],
+)
+def test_the_library_is_refused_in_make_room(borrowed):
+    verdict = week08.grade_make_room(borrowed)
+    assert not verdict.ok and "course library's own" in verdict.reason, verdict.line
+
+
+def library_make_room(running, free_blocks, block_size):
+    """The library's scheduler on the same state: the sequences running in a store of exactly the
+    blocks they hold plus `free_blocks`, each asking for its tokens of this step."""
+    store = PagedKVStore(sum(-(-cached // block_size) for _, cached, _ in running) + free_blocks, block_size)
+    scheduler = Scheduler(make_policy("chunked"), Limits(len(running), 10**6), store, set(), 10**6)
+    plan = []
+    for request_id, cached, new in running:
+        seq = Sequence(request_id, list(range(cached + new)), SamplingParams(), 0.0)
+        store.allocate(seq, cached)
+        seq.num_computed_tokens, seq.status = cached, Status.RUNNING
+        scheduler.running.append(seq)
+        plan.append((seq, new))
+    work = scheduler._within_kv_room(0, plan)
+    preempted = [seq.request_id for seq in scheduler.waiting][::-1]  # each went to the head of the queue
+    return [w.seq.request_id for w in work], preempted
+
+
+def test_the_reference_make_room_is_the_library_schedulers():
+    for case in week08.room_cases([random.Random(seed) for seed in range(4)], 50):
+        expected = library_make_room(case.running, case.free_blocks, case.block_size)
+        assert week08.reference_make_room(case.running, case.free_blocks, case.block_size) == expected, case

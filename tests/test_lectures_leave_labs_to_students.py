@@ -25,6 +25,7 @@ LAB_EXERCISES = {
         "cached_prefix",
         "_cached_prefix",
         "_prefix_hash",
+        "make_room",
     ),
 }
 EXERCISES = [name for names in LAB_EXERCISES.values() for name in names]

@@ -61,10 +61,22 @@ LAB08_MISTAKES["allocator"] = [
             self.free_blocks.append(block)  # even while another sequence still holds it
         del self.num_tokens[seq_id]""",
 ]
+# The sequence short of blocks steps aside itself, where the newest running sequence should go.
+LAB08_MISTAKES["make-room"] = """    granted, preempted = [], []
+    for request_id, cached, new in running:
+        needed = math.ceil((cached + new) / block_size) - math.ceil(cached / block_size)
+        if needed > free_blocks:
+            preempted.append(request_id)
+            free_blocks += math.ceil(cached / block_size)
+            continue
+        free_blocks -= needed
+        granted.append(request_id)
+    return granted, preempted"""
 LAB08_CHECK_OF_TASK = {
     "allocator": "check-allocator",
     "block-names": "check-block-names",
     "cached-prefix": "check-cached-prefix",
+    "make-room": "check-make-room",
 }
 
 

@@ -72,6 +72,7 @@ WEEKS = (
         "paged_kv",
         "Paged KV cache",
         "block tables, preemption, prefix caching",
-        "write the block allocator (reference counts, a least-recently-freed free list) and the prefix hash chain",
+        "write the block allocator (reference counts, a least-recently-freed free list), the prefix hash chain "
+        "and the choice of whom to preempt",
     ),
 )

@@ -1,5 +1,6 @@
 """Lab 08 code checks: a block allocator with reference counts and a least-recently-freed free
-list, and the prefix hash chain that finds a new sequence's cached blocks.
+list, the prefix hash chain that finds a new sequence's cached blocks, and who is preempted when
+the blocks run out.
 
 - `check_allocator(BlockAllocator)`: the student's allocator and the library's store
   (infer.engine.paged_kv_store.PagedKVStore, prefix caching on) run the same traces of
@@ -16,6 +17,12 @@ list, and the prefix hash chain that finds a new sequence's cached blocks.
   blocks found in a cache built with the student's own names, stopping at the first miss and
   leaving at least one token to compute (the reference agrees with the library's store:
   tests/test_exercises_week08.py).
+- `check_make_room(make_room)`: which running sequences get the blocks their tokens of this step
+  need and which are preempted when the pool runs out: the newest running sequence goes first, its
+  blocks back to the pool, until the one in need fits or was itself the newest. Scripted states,
+  each built so that one rule decides it, then random ones; a wrong answer that a known mistake
+  gives is named by that mistake (the reference agrees with the library's scheduler:
+  tests/test_exercises_week08.py).
 
 None of them may call the library's store: any of its methods, private helpers included, or the
 check's own references. Calls are watched, not names, so a subclass, a lambda, a delegating class
@@ -29,11 +36,13 @@ from dataclasses import dataclass
 
 from infer.course.checks import LibraryCalls, Verdict, case_rngs, library_origin, library_verdict
 from infer.engine.paged_kv_store import PagedKVStore
+from infer.engine.scheduler import Scheduler
 from infer.engine.sequence import SamplingParams, Sequence
 
 ALLOCATOR_QID = "08.lab.allocator"
 NAMES_QID = "08.lab.block_names"
 PREFIX_QID = "08.lab.cached_prefix"
+ROOM_QID = "08.lab.make_room"
 
 
 class _Stop(Exception):
@@ -76,7 +85,7 @@ def _what(value) -> str:
 def _library_call_reason(function: Callable) -> str:
     return (
         f"your code calls the course library's own {library_origin(function)}: the lab asks you to write "
-        f"the allocator and the hash chain yourself, without the library's store"
+        f"these yourself, without the library's store or scheduler"
     )
 
 
@@ -822,12 +831,149 @@ def check_cached_prefix(cached_prefix, block_name) -> None:
     print(grade_cached_prefix(cached_prefix, block_name).line)
 
 
-# What the student's code may not call: the library's store, every function of it, and the
-# check's own references.
+# ---------------------------------------------------------------- preemption: who makes room
+
+
+@dataclass(frozen=True)
+class RoomCase:
+    description: str
+    running: tuple[tuple[str, int, int], ...]  # (request id, tokens in the cache, tokens this step), oldest first
+    free_blocks: int
+    block_size: int
+
+
+def _make_room(running, free_blocks: int, block_size: int, mistake: str | None = None) -> tuple[list, list]:
+    """The scheduler's rule, or (for naming a wrong answer) the rule with one known mistake in it."""
+    live, granted, preempted, index = list(running), [], [], 0
+    while index < len(live):
+        request_id, cached, new = live[index]
+        if mistake == "new tokens' blocks":
+            needed = _blocks_for(new, block_size)
+        else:
+            needed = _blocks_for(cached + new, block_size) - _blocks_for(cached, block_size)
+        while needed > free_blocks:
+            victim = live.pop(index if mistake == "itself first" else -1)
+            if mistake != "victim's blocks kept":
+                free_blocks += _blocks_for(victim[1], block_size)
+            preempted.append(victim[0])
+            if victim[0] == request_id:
+                break
+        else:
+            free_blocks -= needed
+            granted.append(request_id)
+            index += 1
+    return granted, preempted
+
+
+def reference_make_room(running, free_blocks: int, block_size: int) -> tuple[list, list]:
+    """Oldest first, each running sequence takes the blocks its tokens of this step need beyond
+    those it holds; when the pool has too few, the newest running sequence is preempted (its blocks
+    back to the pool) until it fits, or until the one preempted is itself. Returns the ids that got
+    their room, in order, and the ids preempted, in the order they were."""
+    return _make_room(running, free_blocks, block_size)
+
+
+MISTAKES = {
+    "itself first": "a sequence short of blocks preempted itself, but the victim is the newest running sequence "
+    "(the last of `running`): the oldest keep their place, as vLLM keeps the requests that came first",
+    "victim's blocks kept": "a preempted sequence's blocks go back to the pool: that is what preempting it is for",
+    "new tokens' blocks": "a sequence with n tokens cached holds ceil(n / block_size) blocks; it needs only what "
+    "n + k tokens take beyond those (none, while the new tokens fit in its last block)",
+}
+
+
+def room_cases(rngs: list[random.Random], random_cases: int) -> list[RoomCase]:
+    """Scripted states (blocks of 4 unless said; the comments give the answer), then `random_cases`
+    random ones per generator."""
+    cases = [
+        RoomCase("room for everyone", (("A", 5, 1), ("B", 8, 1), ("C", 3, 1)), 1, 4),  # all granted
+        RoomCase("a new token that fits in the last block, with no block free", (("A", 6, 1),), 0, 4),  # [A], []
+        RoomCase("the newest needs a block and none is free", (("A", 5, 1), ("B", 4, 1)), 0, 4),  # [A], [B]
+        RoomCase("the oldest needs a block and none is free", (("A", 8, 1), ("B", 3, 1), ("C", 6, 1)), 0, 4),
+        # [A, B], [C]
+        RoomCase("one victim is not enough", (("A", 4, 8), ("B", 2, 1), ("C", 1, 1)), 0, 4),  # [A], [C, B]
+        RoomCase(
+            "a sequence that preempts every newer one and then itself", (("A", 3, 1), ("B", 4, 9), ("C", 2, 1)), 0, 4
+        ),  # [A], [C, B]
+        RoomCase("a victim's blocks serve the sequences after it too", (("A", 4, 1), ("B", 4, 1), ("C", 8, 1)), 0, 4),
+        # [A, B], [C]
+        RoomCase("a prompt chunk, blocks of 16", (("A", 16, 1), ("B", 30, 40)), 2, 16),  # [A], [B]
+    ]
+    for number, rng in enumerate([rng for rng in rngs for _ in range(random_cases)], 1):
+        block_size = rng.choice((2, 4, 16))
+        running = tuple(
+            (
+                chr(ord("A") + i),
+                rng.randint(1, 5 * block_size),
+                1 if rng.random() < 0.7 else rng.randint(2, 3 * block_size),
+            )
+            for i in range(rng.randint(2, 7))
+        )
+        cases.append(
+            RoomCase(f"random state {number} (blocks of {block_size})", running, rng.randint(0, 3), block_size)
+        )
+    return cases
+
+
+def _room_problem(got, expected: tuple[list, list], case: RoomCase) -> str | None:
+    if not (isinstance(got, (list, tuple)) and len(got) == 2 and all(isinstance(g, (list, tuple)) for g in got)):
+        return f"returned {_what(got)}; expected (granted, preempted): two lists of request ids"
+    got = (list(got[0]), list(got[1]))
+    if got == expected:
+        return None
+    shown = f"got granted {got[0]}, preempted {got[1]}; expected granted {expected[0]}, preempted {expected[1]}"
+    for mistake, rule in MISTAKES.items():
+        if got == _make_room(case.running, case.free_blocks, case.block_size, mistake):
+            return f"{shown}: {rule}"
+    if expected[1] and not got[1]:
+        return f"{shown}: this step's tokens need more blocks than the pool has free, so someone must be preempted"
+    if set(got[1]) == set(expected[1]):
+        return f"{shown}: the newest running sequence goes first, then the next newest"
+    return shown
+
+
+def grade_make_room(make_room, random_cases: int = 16) -> Verdict:
+    qid = ROOM_QID
+    refused = _handed_in_verdict(qid, make_room, "a function make_room(running, free_blocks, block_size)")
+    if refused:
+        return refused
+    try:
+        for case in room_cases(case_rngs(qid), random_cases):
+            state = f"{list(case.running)} with {_plural(case.free_blocks, 'free block')}"
+            got = _run_student(
+                make_room,
+                f"on {case.description}, make_room",
+                [tuple(r) for r in case.running],
+                case.free_blocks,
+                case.block_size,
+                forbidden=FORBIDDEN,
+            )
+            problem = _room_problem(got, reference_make_room(case.running, case.free_blocks, case.block_size), case)
+            if problem:
+                return Verdict(qid, False, f"on {case.description}, {state}: {problem}")
+    except _Stop as stop:
+        return Verdict(qid, False, str(stop))
+    return Verdict(
+        qid,
+        True,
+        "who gets room and who is preempted, on scripted and random states, among them a token that fits in the "
+        "last block, a victim that is not enough and a sequence that preempts itself",
+    )
+
+
+def check_make_room(make_room) -> None:
+    print(grade_make_room(make_room).line)
+
+
+# What the student's code may not call: the library's store and scheduler, every function of
+# them, and the check's own references.
 FORBIDDEN = (
     PagedKVStore,  # every method it defines is watched: a subclass, a proxy or a factory is seen
+    Scheduler,
     library_step,
     reference_full_block_names,
     reference_cached_prefix,
     build_cache,
+    reference_make_room,
+    _make_room,
 )
