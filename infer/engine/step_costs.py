@@ -17,10 +17,17 @@ Two cost models read a shape: `LinearStepCost`, fitted to step times measured on
 (non-negative least squares: no feature may make a step cheaper), and `RooflineStepCost`, from a
 device's datasheet numbers (the step takes as long as the slower of its FLOPs at peak and its
 bytes at full bandwidth, plus an overhead), for a machine we cannot run on.
+
+Both charge every step of one shape the same time; the engine's steps vary around it.
+`SpreadStepCost` puts that variation back: each step costs what a model says times a ratio drawn
+from the calibration's measured / modelled ratios. Means hardly move, but where many requests
+wait through alike steps a fixed cost gives them the same TTFT, so the simulated distribution
+comes in groups with jumps between them, and a median next to a jump is off by much of it.
 """
 
 import itertools
-from dataclasses import asdict, dataclass
+import random
+from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
@@ -114,6 +121,13 @@ class LinearStepCost:
         predicted = np.array([self.step_ms(s) for s in shapes])
         return predicted / np.asarray(step_ms) - 1
 
+    def spread(self, shapes: list[StepShape], step_ms: list[float], quantiles: int = 100) -> tuple[float, ...]:
+        """The measured / modelled ratios of these steps at `quantiles` evenly spaced quantiles, scaled
+        to a mean of 1, so that drawing from them leaves the model's mean step time unchanged."""
+        ratios = np.asarray(step_ms) / np.array([self.step_ms(s) for s in shapes])
+        points = np.quantile(ratios, (np.arange(quantiles) + 0.5) / quantiles)
+        return tuple(float(r) for r in points / points.mean())
+
 
 def _nonnegative_least_squares(x: np.ndarray, y: np.ndarray, weights: np.ndarray) -> np.ndarray:
     """The c >= 0 that minimizes sum(weights * (x @ c - y)^2). With seven features it is found
@@ -133,6 +147,25 @@ def _nonnegative_least_squares(x: np.ndarray, y: np.ndarray, weights: np.ndarray
                 best, best_error = np.zeros(x.shape[1]), error
                 best[columns] = coef / scale[columns]
     return best
+
+
+@dataclass
+class SpreadStepCost:
+    """`cost`'s time for each step, times a ratio drawn from `ratios` (LinearStepCost.spread): the
+    step-to-step variation of the engine a fixed cost leaves out. Seeded, so a run repeats."""
+
+    cost: LinearStepCost
+    ratios: tuple[float, ...]
+    seed: int = 0
+    _rng: random.Random = field(init=False, repr=False)
+
+    def __post_init__(self):
+        if not self.ratios or min(self.ratios) <= 0:
+            raise ValueError("the spread needs positive measured / modelled ratios (LinearStepCost.spread)")
+        self._rng = random.Random(self.seed)
+
+    def step_ms(self, shape: StepShape) -> float:
+        return self.cost.step_ms(shape) * self._rng.choice(self.ratios)
 
 
 @dataclass(frozen=True)

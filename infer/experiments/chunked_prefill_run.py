@@ -30,7 +30,7 @@ import matplotlib.pyplot as plt
 from tqdm.auto import tqdm
 
 from infer.engine.simulator import simulate
-from infer.engine.step_costs import FEATURES, LinearStepCost, RooflineStepCost
+from infer.engine.step_costs import FEATURES, LinearStepCost, RooflineStepCost, SpreadStepCost
 from infer.experiments.chunked_prefill import (
     TPOT_SLACK,
     TTFT_PROMPT_ROUNDS,
@@ -80,6 +80,7 @@ CALIBRATION = (("chunked", 96, 40), ("chunked", 48, 6), ("continuous", 1024, 16)
 CALIBRATION_REQUESTS = 96
 VALIDATION_KEYS = ("median_ttft_ms", "median_tpot_ms", "output_throughput")
 VALIDATION_TARGET = 0.10
+SPREAD_SEEDS = 5  # simulations with the step-time spread per held-out workload: each metric's median is compared
 # The gpu profile's grid (seed 004): 2,048 input / 64 output tokens, budgets 512 to 16,384.
 GPU_BUDGETS = (512, 1024, 2048, 4096, 8192, 16384)
 # (requests/s, burstiness): Poisson arrivals (burstiness 1), and bursts at the highest rate, as
@@ -275,43 +276,65 @@ def load_summary(points: list[dict], concurrency: int) -> dict:
     }
 
 
+def simulate_like(cost_model, run, concurrency: int):
+    """`run`'s workload and settings (a closed loop of `concurrency` streams), on the simulator."""
+    w = run.workload
+    return simulate(
+        cost_model,
+        w.prompt_lens,
+        w.output_lens,
+        policy=run.policy,
+        max_num_seqs=concurrency,
+        max_num_batched_tokens=run.budget,
+        offsets=w.offsets,
+        max_concurrency=concurrency,
+    )
+
+
 def validate_simulator(fit_runs, held_out, meta: dict, profile: str):
-    """The cost model fitted on the calibration runs' steps; each held-out workload (a load and a
-    budget, measured once per round) simulated once, since a simulation does not vary, and compared
-    with the median of its rounds: one round's error holds that round's machine noise as well."""
+    """The cost model fitted on the calibration runs' steps, and the spread of those steps around
+    it; each held-out workload (a load and a budget, measured once per round) simulated with the
+    spread SPREAD_SEEDS times and compared, each metric's median over them, with the median of its
+    rounds (one round's error holds that round's machine noise as well). The same workload with a
+    fixed cost per step shape is reported beside it: what the spread changes."""
     steps = [s for run in fit_runs for s in run.steps]
-    cost = LinearStepCost.fit([s.shape for s in steps], [s.ms for s in steps])
+    shapes, times = [s.shape for s in steps], [s.ms for s in steps]
+    cost = LinearStepCost.fit(shapes, times)
+    ratios = cost.spread(shapes, times)
     rounds = {}
     for concurrency, run in held_out:
         rounds.setdefault((concurrency, run.budget), []).append(run)
     rows = []
     for (concurrency, budget), runs in sorted(rounds.items()):
         w = runs[0].workload
-        sim = simulate(
-            cost,
-            w.prompt_lens,
-            w.output_lens,
-            policy=runs[0].policy,
-            max_num_seqs=concurrency,
-            max_num_batched_tokens=budget,
-            offsets=w.offsets,
-            max_concurrency=concurrency,
-        )
-        simulated = calculate_metrics(sim.records)
+        fixed = simulate_like(cost, runs[0], concurrency)
+        with_spread = [
+            simulate_like(SpreadStepCost(cost, ratios, seed), runs[0], concurrency) for seed in range(SPREAD_SEEDS)
+        ]
+        spread_metrics = [calculate_metrics(sim.records) for sim in with_spread]
+        sim_metrics = {k: statistics.median(m[k] for m in spread_metrics) for k in VALIDATION_KEYS}
+        fixed_metrics = calculate_metrics(fixed.records)
         measured = [calculate_metrics(run.records) for run in runs]
+        measured_median = {k: statistics.median(m[k] for m in measured) for k in VALIDATION_KEYS}
         rows.append(
             {
                 "workload": w.name,
                 "max_num_batched_tokens": budget,
                 "max_concurrency": concurrency,
                 "measured": {k: spread([m[k] for m in measured]) for k in VALIDATION_KEYS},
-                "simulated": {k: simulated[k] for k in VALIDATION_KEYS},
-                "relative_error": {
-                    k: relative_error(simulated[k], statistics.median(m[k] for m in measured)) for k in VALIDATION_KEYS
+                "simulated": sim_metrics,
+                "simulated_fixed_cost": {k: fixed_metrics[k] for k in VALIDATION_KEYS},
+                "relative_error": {k: relative_error(sim_metrics[k], measured_median[k]) for k in VALIDATION_KEYS},
+                "relative_error_fixed_cost": {
+                    k: relative_error(fixed_metrics[k], measured_median[k]) for k in VALIDATION_KEYS
                 },
-                "round_errors": {k: [relative_error(simulated[k], m[k]) for m in measured] for k in VALIDATION_KEYS},
+                "round_errors": {k: [relative_error(sim_metrics[k], m[k]) for m in measured] for k in VALIDATION_KEYS},
                 # the simulated schedule, step for step the engine's: then every error is the cost model's
-                "same_schedule": all([s.items for s in sim.steps] == [s.items for s in run.steps] for run in runs),
+                "same_schedule": all(
+                    [s.items for s in sim.steps] == [s.items for s in run.steps]
+                    for sim in [fixed, *with_spread]
+                    for run in runs
+                ),
                 "step_cost_error": step_cost_errors(cost, [s for run in runs for s in run.steps]),
             }
         )
@@ -325,6 +348,9 @@ def validate_simulator(fit_runs, held_out, meta: dict, profile: str):
     ]
     summary = {
         "largest_abs_relative_error": largest,
+        "largest_abs_relative_error_fixed_cost": max(
+            abs(e) for row in rows for e in row["relative_error_fixed_cost"].values()
+        ),
         "measured_round_deviation": {
             "median": statistics.median(round_deviations),
             "largest": max(round_deviations),
@@ -339,6 +365,8 @@ def validate_simulator(fit_runs, held_out, meta: dict, profile: str):
         "fit_step_cost_error": step_cost_errors(cost, steps),
         "fit_steps": len(steps),
         "fit_ms_per_unit": cost.ms_per_unit,
+        "step_time_ratios": list(ratios),
+        "spread_seeds": SPREAD_SEEDS,
         "features": list(FEATURES),
         "calibration": [{"policy": p, "max_num_batched_tokens": b, "max_concurrency": c} for p, b, c in CALIBRATION],
     }
