@@ -8,7 +8,14 @@ import numpy as np
 import pytest
 
 from infer.engine.simulator import simulate
-from infer.engine.step_costs import FEATURES, FixedStepCost, LinearStepCost, RooflineStepCost, StepShape
+from infer.engine.step_costs import (
+    FEATURES,
+    FixedStepCost,
+    LinearStepCost,
+    RooflineStepCost,
+    SpreadStepCost,
+    StepShape,
+)
 from infer.experiments.chunked_prefill import serve
 from infer.metrics import calculate_metrics
 from infer.model import Transformer
@@ -148,6 +155,41 @@ def test_fit_never_returns_a_negative_cost():
 def test_fit_refuses_too_few_steps():
     with pytest.raises(ValueError, match=f"need at least {len(FEATURES)} measured steps"):
         LinearStepCost.fit([StepShape(1, 0, 0, 1, 1, 0)], [1.0])
+
+
+def test_the_spread_is_the_measured_over_modelled_ratios_with_a_mean_of_one():
+    rng = random.Random(3)
+    shapes = [decode_shape(d, rng) for d in (rng.randint(1, 32) for _ in range(400))]
+    times = [(5 + 0.5 * s.decode_seqs) * rng.choice([0.8, 1.0, 1.5]) for s in shapes]
+    model = LinearStepCost({name: 0.0 for name in FEATURES} | {"steps": 5.0, "decode_seqs": 0.5})
+    ratios = model.spread(shapes, times, quantiles=50)
+    assert len(ratios) == 50 and list(ratios) == sorted(ratios)
+    assert np.mean(ratios) == pytest.approx(1.0)
+    # three speeds in the proportions 0.8 : 1.0 : 1.5, scaled to a mean of 1
+    assert len(set(np.round(ratios, 9))) == 3 and ratios[-1] / ratios[0] == pytest.approx(1.5 / 0.8)
+
+
+def test_a_spread_cost_draws_ratios_around_the_model_repeatably():
+    model = LinearStepCost({name: 0.0 for name in FEATURES} | {"steps": 10.0})
+    shape = StepShape(0, 1, 10, 0, 1, 10)
+    draws = [SpreadStepCost(model, (0.5, 1.5), seed=7).step_ms(shape) for _ in range(2)]
+    assert draws[0] == draws[1], "one seed, one sequence of draws: a simulation must repeat"
+    spread = SpreadStepCost(model, (0.5, 1.5), seed=7)
+    times = [spread.step_ms(shape) for _ in range(2000)]
+    assert set(times) == {5.0, 15.0} and np.mean(times) == pytest.approx(10.0, rel=0.05)
+    with pytest.raises(ValueError, match="positive"):
+        SpreadStepCost(model, ())
+
+
+def test_a_spread_smooths_the_jumps_a_fixed_cost_puts_into_ttft():
+    """Requests sent one at a time, each served in one step: a fixed cost gives them all one TTFT;
+    with a spread they differ, and their throughput stays where the fixed cost put it."""
+    model = LinearStepCost({name: 0.0 for name in FEATURES} | {"steps": 10.0})
+    prompts, outputs = [4] * 200, [1] * 200
+    fixed = calculate_metrics(simulate(model, prompts, outputs, max_concurrency=1).records)
+    spread = calculate_metrics(simulate(SpreadStepCost(model, (0.8, 1.2)), prompts, outputs, max_concurrency=1).records)
+    assert fixed["std_ttft_ms"] == pytest.approx(0.0, abs=1e-9) and spread["std_ttft_ms"] > 1.0
+    assert spread["output_throughput"] == pytest.approx(fixed["output_throughput"], rel=0.05)
 
 
 def test_roofline_decode_is_bandwidth_bound_and_long_prefill_compute_bound():

@@ -276,17 +276,16 @@ def load_summary(points: list[dict], concurrency: int) -> dict:
     }
 
 
-def simulate_like(cost_model, run, concurrency: int):
-    """`run`'s workload and settings (a closed loop of `concurrency` streams), on the simulator."""
-    w = run.workload
+def simulate_sweep_point(cost_model, workload: Workload, concurrency: int, budget: int):
+    """One point of the sweep (a closed loop of `concurrency` streams, chunked at `budget`) on the simulator."""
     return simulate(
         cost_model,
-        w.prompt_lens,
-        w.output_lens,
-        policy=run.policy,
+        workload.prompt_lens,
+        workload.output_lens,
+        policy="chunked",
         max_num_seqs=concurrency,
-        max_num_batched_tokens=run.budget,
-        offsets=w.offsets,
+        max_num_batched_tokens=budget,
+        offsets=workload.offsets,
         max_concurrency=concurrency,
     )
 
@@ -307,9 +306,10 @@ def validate_simulator(fit_runs, held_out, meta: dict, profile: str):
     rows = []
     for (concurrency, budget), runs in sorted(rounds.items()):
         w = runs[0].workload
-        fixed = simulate_like(cost, runs[0], concurrency)
+        fixed = simulate_sweep_point(cost, w, concurrency, budget)
         with_spread = [
-            simulate_like(SpreadStepCost(cost, ratios, seed), runs[0], concurrency) for seed in range(SPREAD_SEEDS)
+            simulate_sweep_point(SpreadStepCost(cost, ratios, seed), w, concurrency, budget)
+            for seed in range(SPREAD_SEEDS)
         ]
         spread_metrics = [calculate_metrics(sim.records) for sim in with_spread]
         sim_metrics = {k: statistics.median(m[k] for m in spread_metrics) for k in VALIDATION_KEYS}
