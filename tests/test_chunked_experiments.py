@@ -3,6 +3,7 @@ step traces, the live stall demo on the engine and on the simulator, the sweep's
 step-cost errors by kind, the sweep's summary over rounds, and the best-budget pick (none when
 nothing meets the SLOs)."""
 
+import numpy as np
 import pytest
 
 from infer.engine import Engine
@@ -145,4 +146,9 @@ def test_the_simulator_is_checked_per_workload_against_the_median_of_its_rounds(
     median = runs[0]["measured"]["output_throughput"]["median"]
     assert runs[0]["relative_error"]["output_throughput"] == pytest.approx(
         runs[0]["simulated"]["output_throughput"] / median - 1
+    )
+    # the spread averages 1, and the fixed-cost simulation is reported beside the one with the spread
+    assert np.mean(summary["step_time_ratios"]) == pytest.approx(1.0)
+    assert runs[0]["relative_error_fixed_cost"]["output_throughput"] == pytest.approx(
+        runs[0]["simulated_fixed_cost"]["output_throughput"] / median - 1
     )

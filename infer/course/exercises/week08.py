@@ -851,9 +851,11 @@ def _make_room(running, free_blocks: int, block_size: int, mistake: str | None =
             needed = _blocks_for(new, block_size)
         else:
             needed = _blocks_for(cached + new, block_size) - _blocks_for(cached, block_size)
-        while needed > free_blocks:
+        while needed > free_blocks or (mistake == "no exact fit" and 0 < needed == free_blocks):
             victim = live.pop(index if mistake == "itself first" else -1)
-            if mistake != "victim's blocks kept":
+            if mistake == "victim's step counted":
+                free_blocks += _blocks_for(victim[1] + victim[2], block_size)
+            elif mistake != "victim's blocks kept":
                 free_blocks += _blocks_for(victim[1], block_size)
             preempted.append(victim[0])
             if victim[0] == request_id:
@@ -874,9 +876,13 @@ def reference_make_room(running, free_blocks: int, block_size: int) -> tuple[lis
 
 
 MISTAKES = {
+    "no exact fit": "a sequence that needs exactly the blocks that are free fits: preempt only when fewer are free "
+    "than it needs",
     "itself first": "a sequence short of blocks preempted itself, but the victim is the newest running sequence "
     "(the last of `running`): the oldest keep their place, as vLLM keeps the requests that came first",
     "victim's blocks kept": "a preempted sequence's blocks go back to the pool: that is what preempting it is for",
+    "victim's step counted": "a preempted sequence gives back the blocks it holds, ceil(n / block_size) for its n "
+    "cached tokens: its tokens of this step were never given room",
     "new tokens' blocks": "a sequence with n tokens cached holds ceil(n / block_size) blocks; it needs only what "
     "n + k tokens take beyond those (none, while the new tokens fit in its last block)",
 }
@@ -886,8 +892,9 @@ def room_cases(rngs: list[random.Random], random_cases: int) -> list[RoomCase]:
     """Scripted states (blocks of 4 unless said; the comments give the answer), then `random_cases`
     random ones per generator."""
     cases = [
-        RoomCase("room for everyone", (("A", 5, 1), ("B", 8, 1), ("C", 3, 1)), 1, 4),  # all granted
+        RoomCase("an exact fit: the last free block", (("A", 4, 1),), 1, 4),  # [A], []
         RoomCase("a new token that fits in the last block, with no block free", (("A", 6, 1),), 0, 4),  # [A], []
+        RoomCase("room for everyone", (("A", 5, 1), ("B", 8, 1), ("C", 3, 1)), 1, 4),  # all granted
         RoomCase("the newest needs a block and none is free", (("A", 5, 1), ("B", 4, 1)), 0, 4),  # [A], [B]
         RoomCase("the oldest needs a block and none is free", (("A", 8, 1), ("B", 3, 1), ("C", 6, 1)), 0, 4),
         # [A, B], [C]
@@ -898,6 +905,9 @@ def room_cases(rngs: list[random.Random], random_cases: int) -> list[RoomCase]:
         RoomCase("a victim's blocks serve the sequences after it too", (("A", 4, 1), ("B", 4, 1), ("C", 8, 1)), 0, 4),
         # [A, B], [C]
         RoomCase("a prompt chunk, blocks of 16", (("A", 16, 1), ("B", 30, 40)), 2, 16),  # [A], [B]
+        RoomCase(
+            "a victim whose own step would cross into a new block", (("A", 4, 5), ("B", 2, 1), ("C", 4, 1)), 0, 4
+        ),  # [A], [C, B]: C gives back the one block it holds
     ]
     for number, rng in enumerate([rng for rng in rngs for _ in range(random_cases)], 1):
         block_size = rng.choice((2, 4, 16))
@@ -927,6 +937,8 @@ def _room_problem(got, expected: tuple[list, list], case: RoomCase) -> str | Non
             return f"{shown}: {rule}"
     if expected[1] and not got[1]:
         return f"{shown}: this step's tokens need more blocks than the pool has free, so someone must be preempted"
+    if len(got[1]) > len(expected[1]) and got[1][: len(expected[1])] == expected[1]:
+        return f"{shown}: preempt one sequence at a time, and stop as soon as the one in need fits"
     if set(got[1]) == set(expected[1]):
         return f"{shown}: the newest running sequence goes first, then the next newest"
     return shown
@@ -956,8 +968,8 @@ def grade_make_room(make_room, random_cases: int = 16) -> Verdict:
     return Verdict(
         qid,
         True,
-        "who gets room and who is preempted, on scripted and random states, among them a token that fits in the "
-        "last block, a victim that is not enough and a sequence that preempts itself",
+        "who gets room and who is preempted, on scripted and random states, among them an exact fit, a token that "
+        "fits in the last block, a victim that is not enough and a sequence that preempts itself",
     )
 
 
