@@ -222,6 +222,16 @@ def test_lecture_and_lab_link_each_other(week, request):
     )
 
 
+def test_link_checker_slugs_are_the_sites_anchor_ids(site):
+    """site/links.py (tests/test_links.py) computes each heading's anchor itself: the built page must agree."""
+    from tests.test_links import links
+
+    page = (site.parent / "weeks" / "01_prefill_decode.html").read_text(encoding="utf-8")
+    ids = set(re.findall(r'id="([^"]+)"', page))
+    expected = links.anchors(REPO_ROOT / "weeks" / "01_prefill_decode.ipynb")
+    assert len(expected) > 5 and not set(expected) - ids, f"anchors the site lacks: {set(expected) - ids}"
+
+
 def test_no_page_loads_remote_assets(site):
     assert load_build_module().remote_assets(site.parent) == []
 
