@@ -1,30 +1,37 @@
 """The course server and client against vLLM's (its CPU build, from `.venv-vllm`; `make vllm`).
 
 - vLLM's own benchmark client completes every request against the course server;
-- on one workload, run back to back on the course server, vLLM's client and the course client
-  agree on output throughput and median TPOT within 25% (see AGREEMENT);
+- on one workload, in alternating rounds on the course server, vLLM's client and the course client
+  (each in a process of its own) agree on output throughput and median TPOT within 15% (AGREEMENT);
 - the course client completes every request against vLLM's server, with exact token counts.
 
-Skipped, with one line, when `.venv-vllm` is absent. The vLLM server takes about a minute to start."""
+Skipped, with one line, when `.venv-vllm` is absent. The vLLM server takes about a minute to start.
+They compare timed runs, so they are marked `serial`: `make test` runs them after the parallel
+phase, alone on the machine."""
 
 import math
+import statistics
 
 import pytest
 
-from infer.serve.client import run_benchmark, workload_for_model
+from infer.serve.client import run_benchmark, run_benchmark_in_own_process, workload_for_model
 from infer.serve.export import export_model
 from infer.serve.server import EngineSettings, running_server_process
 from infer.serve.vllm_server import run_vllm_bench, running_vllm_server, vllm_missing_reason
 
-pytestmark = pytest.mark.skipif(vllm_missing_reason() is not None, reason=str(vllm_missing_reason()))
+pytestmark = [
+    pytest.mark.skipif(vllm_missing_reason() is not None, reason=str(vllm_missing_reason())),
+    pytest.mark.serial,
+]
 
 INPUT_LEN, OUTPUT_LEN, NUM_PROMPTS, CONCURRENCY = 128, 32, 64, 8
-ROUNDS = 4  # a run lasts seconds, and in CI another test worker shares the 2 cores: best of several
-# Both clients measure one server; the course's client is asyncio Python in the test worker, vLLM's
-# an aiohttp process of its own. With the other test worker busy on the same 2 cores, the Python
-# client was seen to read up to 20% less (444 vs 538 tok/s, best of 4): a starved client, not a
-# different definition. A wrong duration or token count would be off by far more.
-AGREEMENT = 0.25
+ROUNDS = 5  # alternating, so that a slow spell of the machine hits both clients; medians compared
+# Both clients measure one server, each from a process of its own. Alone on a quiet 2-core machine,
+# 5 alternating rounds gave medians 2.5% apart in output throughput (course 1,587 tok/s, vLLM's
+# 1,628) and 6% in median TPOT (3.39 ms, 3.61 ms), while one client's rounds spread up to 9% from
+# their own median. 15% leaves room for that spread; a wrong duration or token count is off by more.
+# (With the course client inside a pytest worker beside another worker's tests, they were 36% apart.)
+AGREEMENT = 0.15
 
 
 @pytest.fixture(scope="module")
@@ -68,17 +75,22 @@ def test_vllm_bench_serve_against_the_course_server_agrees_with_the_course_clien
 ):
     workload = workload_for_model(tiny.config, NUM_PROMPTS, INPUT_LEN, OUTPUT_LEN)
     theirs, ours = [], []
-    for round_ in range(ROUNDS):  # interleaved, so that a slow spell of the machine hits both clients
+    for round_ in range(ROUNDS):
         theirs.append(vllm_bench(course_server_url, model_folder, tmp_path, f"vllm_client_{round_}"))
-        ours.append(run_benchmark(course_server_url, "tiny", workload, max_concurrency=CONCURRENCY, progress=False)[0])
+        ours.append(
+            run_benchmark_in_own_process(
+                course_server_url, "tiny", workload, max_concurrency=CONCURRENCY, progress=False
+            )[0]
+        )
     for result in theirs:
         assert result["failed"] == 0 and result["completed"] == NUM_PROMPTS
         assert result["total_output_tokens"] == NUM_PROMPTS * OUTPUT_LEN
     for key in ("output_throughput", "median_tpot_ms"):
-        theirs_best = max(r[key] for r in theirs) if "throughput" in key else min(r[key] for r in theirs)
-        ours_best = max(r[key] for r in ours) if "throughput" in key else min(r[key] for r in ours)
-        assert math.isclose(ours_best, theirs_best, rel_tol=AGREEMENT), (
-            f"{key}: course client {ours_best:.2f}, vLLM's client {theirs_best:.2f} (each the best of {ROUNDS} runs)"
+        ours_median = statistics.median(r[key] for r in ours)
+        theirs_median = statistics.median(r[key] for r in theirs)
+        assert math.isclose(ours_median, theirs_median, rel_tol=AGREEMENT), (
+            f"{key}: course client {ours_median:.2f}, vLLM's client {theirs_median:.2f} (medians of {ROUNDS} "
+            f"alternating rounds; course {[round(r[key], 2) for r in ours]}, vLLM {[round(r[key], 2) for r in theirs]})"
         )
 
 
