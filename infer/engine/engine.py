@@ -9,9 +9,16 @@ With `log_steps=True` the engine keeps a StepRecord of every step (infer.engine.
 gauges show.
 `add_request`, `step` and `abort` hold one lock, so a server may add and abort requests from
 other threads while one background thread calls `step` (week 07).
+
+When a step raises, `on_step_error` decides. "raise" (the default) lets the exception out, so that
+a notebook or a test shows the bug where it happened. "fail_requests" (what a server wants) fails
+the requests the step concerns, not the engine: those in the step's work (every unfinished one if
+scheduling itself raised) finish with reason "error" and the exception's text, their KV room is
+freed, and the next step serves everyone else.
 """
 
 import itertools
+import logging
 import numbers
 import threading
 from collections.abc import Sequence as Seq
@@ -30,6 +37,9 @@ from infer.engine.scheduler import Limits, Policy, Scheduler, make_policy
 from infer.engine.sequence import CompletionResult, RequestOutput, SamplingParams, Sequence
 from infer.engine.step_record import StepRecord, step_items
 
+logger = logging.getLogger("infer.engine")
+STEP_ERROR_MODES = ("raise", "fail_requests")
+
 
 @dataclass(frozen=True)
 class EngineStats:
@@ -45,6 +55,8 @@ class EngineStats:
 
 
 class Engine:
+    on_step_error = "raise"  # see the module's docstring
+
     def __init__(
         self,
         model,
@@ -58,10 +70,17 @@ class Engine:
         block_size: int = 16,
         enable_prefix_caching: bool = False,
         log_steps: bool = False,
+        on_step_error: str = "raise",
     ):
         """kv_store: "slots" (one slot of max_model_len per sequence, weeks 05-07), "paged" (week 08:
         `num_kv_blocks` blocks of `block_size` positions, by default as much memory as the slots
-        would take; optionally with prefix caching), or a store of your own."""
+        would take; optionally with prefix caching), or a store of your own. on_step_error: "raise"
+        or "fail_requests" (see the module's docstring)."""
+        if on_step_error not in STEP_ERROR_MODES:
+            raise ValueError(
+                f"unknown on_step_error {on_step_error!r}; valid: {', '.join(map(repr, STEP_ERROR_MODES))}"
+            )
+        self.on_step_error = on_step_error
         self.model = model
         if kv_store == "slots":
             kv_store = SlotKVStore.for_model(model, max_num_seqs, max_model_len)
@@ -171,23 +190,9 @@ class Engine:
         return request_id
 
     def _check_lengths(self, prompt_len: int, params: SamplingParams) -> None:
-        if prompt_len + params.max_tokens > self.max_model_len:
-            raise ValueError(
-                f"This model's maximum context length is {self.max_model_len} tokens. However, you "
-                f"requested {prompt_len + params.max_tokens} tokens ({prompt_len} in the prompt, "
-                f"{params.max_tokens} for the completion). Please reduce the prompt or max_tokens."
-            )
-        if not self.kv_store.fits(prompt_len + params.max_tokens):
-            raise ValueError(
-                f"{prompt_len} prompt + {params.max_tokens} output tokens can never fit in this "
-                f"engine's KV store, even alone: give it more room, or ask for fewer tokens"
-            )
-        if prompt_len > self.limits.max_num_batched_tokens and not self.policy.splits_prompts:
-            raise ValueError(
-                f"the prompt has {prompt_len} tokens, more than max_num_batched_tokens="
-                f"{self.limits.max_num_batched_tokens}: policy {self.policy.name!r} prefills a "
-                f"whole prompt in one step (a chunked policy would split it)"
-            )
+        refusal = self.scheduler.refusal(prompt_len, params.max_tokens)
+        if refusal is not None:
+            raise ValueError(refusal)
 
     def abort(self, request_id: str) -> None:
         """Drop an unfinished request and free its KV room at once; unknown or finished ids are ignored."""
@@ -237,22 +242,28 @@ class Engine:
     # ------------------------------------------------------------ the loop
 
     def step(self) -> list[RequestOutput]:
-        """Run one step; return what it produced, one output per request that got a token."""
+        """Run one step; return what it produced, one output per request that got a token or failed."""
         timed = self.phase_times
         with self.lock:
             start = self.clock.now()
-            with timed("schedule"):
-                work = self.scheduler.schedule()
+            try:
+                with timed("schedule"):
+                    work = self.scheduler.schedule()
+            except Exception as exc:  # the queues may be half updated: fail everyone they hold
+                return self._fail([*self.scheduler.running, *self.scheduler.waiting], exc, "scheduling")
             if not work:
                 return []
             items = step_items(work) if self.step_log is not None else ()  # before update changes the sequences
             num_running = len(self.scheduler.running)
-            with timed("forward"):
-                logits = self.runner.forward(work)
-            with timed("sample"):
-                tokens = self.runner.sample(work, logits)  # the tokens on the host: the device is synchronized
-            with timed("update"):
-                outputs = self.scheduler.update(work, tokens)
+            try:
+                with timed("forward"):
+                    logits = self.runner.forward(work)
+                with timed("sample"):
+                    tokens = self.runner.sample(work, logits)  # the tokens on the host: the device is synchronized
+                with timed("update"):
+                    outputs = self.scheduler.update(work, tokens)
+            except Exception as exc:
+                return self._fail([item.seq for item in work], exc, "running")
             for out in outputs:
                 if out.finished:
                     del self.requests[out.request_id]
@@ -261,6 +272,21 @@ class Engine:
                 self.step_log.append(StepRecord(self.num_steps, start, self.clock.now(), items, num_running))
             self.num_steps += 1
             return outputs
+
+    def _fail(self, seqs: list[Sequence], exc: Exception, phase: str) -> list[RequestOutput]:
+        """Finish `seqs` with reason "error" and free their KV room; the engine goes on."""
+        if self.on_step_error == "raise":
+            raise exc
+        error = f"the engine failed while {phase} a step: {type(exc).__name__}: {exc}"
+        logger.exception("%s; failing %d request(s), the engine goes on", error, len(seqs))
+        outputs = []
+        for seq in dict.fromkeys(seqs):  # once each, in order
+            if self.requests.pop(seq.request_id, None) is None:
+                continue
+            self.scheduler.finish(seq, "error")
+            self.sampler.remove(seq.request_id)
+            outputs.append(RequestOutput(seq.request_id, [], True, "error", error))
+        return outputs
 
     def generate(
         self,

@@ -15,6 +15,15 @@ Policies:
   order they were admitted (a decode takes one token, a prompt being continued as much as is
   left), and on new prompts last; a prompt may span several steps, so no step is ever a long
   prefill that stalls the decodes.
+
+What can run: every request the engine accepts (`refusal` says None) can be scheduled, under
+every policy and store. Its whole context fits the KV store alone, and, for a policy that does
+not split prompts, its prompt fits one step's token budget. One case is left: a sequence preempted
+on a paged store is recomputed as one prefill of its prompt and the tokens it has produced, which
+can be longer than the budget. Such a prefill runs alone, in a step of its own once nothing else
+runs: the queue behind it waits (first come, first served), and the running sequences finish or
+are preempted in turn, so the engine always drains. (vLLM V0 avoided the case by refusing a
+budget smaller than the context without chunked prefill; V1 always chunks.)
 """
 
 from collections import deque
@@ -183,6 +192,28 @@ class Scheduler:
         self.running: list[Sequence] = []  # in admission order: the newest last
         self.num_preemptions = 0
 
+    def refusal(self, prompt_len: int, max_tokens: int) -> str | None:
+        """Why a request could never run in this engine, or None: the one rule that the engine's
+        add-time check applies and that `schedule` relies on."""
+        if prompt_len + max_tokens > self.max_model_len:
+            return (
+                f"This model's maximum context length is {self.max_model_len} tokens. However, you "
+                f"requested {prompt_len + max_tokens} tokens ({prompt_len} in the prompt, "
+                f"{max_tokens} for the completion). Please reduce the prompt or max_tokens."
+            )
+        if not self.kv_store.fits(prompt_len + max_tokens):
+            return (
+                f"{prompt_len} prompt + {max_tokens} output tokens can never fit in this "
+                f"engine's KV store, even alone: give it more room, or ask for fewer tokens"
+            )
+        if prompt_len > self.limits.max_num_batched_tokens and not self.policy.splits_prompts:
+            return (
+                f"the prompt has {prompt_len} tokens, more than max_num_batched_tokens="
+                f"{self.limits.max_num_batched_tokens}: policy {self.policy.name!r} prefills a "
+                f"whole prompt in one step (a chunked policy would split it)"
+            )
+        return None
+
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
 
@@ -196,18 +227,20 @@ class Scheduler:
         has none, the newest running sequence is preempted (its room freed, itself back at the
         head of the queue, to be recomputed) until it fits. Then, if nobody was preempted, the
         admitted requests in queue order, as long as each gets its room (nobody overtakes). A
-        plan whose newcomers found no room leaves the step to the running sequences."""
+        plan whose newcomers found no room leaves the step to the running sequences. When nothing
+        runs and the policy admits nobody, the head of the queue is a recompute longer than the
+        budget: it runs alone (see the module's docstring)."""
         work = self._within_kv_room(*self.policy.plan(list(self.waiting), list(self.running), self.limits))
         if not work and self.running:
             work = self._within_kv_room(*self.policy.plan([], list(self.running), self.limits))
         if not work and self.waiting and not self.running:
             head = self.waiting[0]
-            raise RuntimeError(
-                f"request {head.request_id!r} ({head.num_uncomputed_tokens} tokens to compute) can "
-                f"never be scheduled by policy {self.policy.name!r} with an empty engine: more than "
-                f"max_num_batched_tokens={self.limits.max_num_batched_tokens} for a policy that does not "
-                f"split prompts (after a preemption), or more than the KV store holds"
-            )
+            work = self._within_kv_room(1, [(head, head.num_uncomputed_tokens)])
+            if not work:
+                raise RuntimeError(
+                    f"request {head.request_id!r} ({head.num_uncomputed_tokens} tokens to compute) does not "
+                    f"fit an empty KV store, which the add-time check (Scheduler.refusal) should have refused"
+                )
         return work
 
     def _within_kv_room(self, num_admitted: int, plan: list[tuple[Sequence, int]]) -> list[Work]:

@@ -63,7 +63,7 @@ class Sequence:
     num_computed_tokens: int = 0  # tokens whose K/V are in the cache
     status: Status = Status.WAITING
     block_table: list[int] = field(default_factory=list)  # the KV blocks holding its positions, in order
-    finish_reason: str | None = None  # "length", "stop" or "abort"
+    finish_reason: str | None = None  # "length", "stop", "abort", or "error" (a step failed for it)
     num_preemptions: int = 0
 
     @property
@@ -109,6 +109,7 @@ class RequestOutput:
     new_token_ids: list[int]
     finished: bool
     finish_reason: str | None = None
+    error: str | None = None  # why the engine failed this request (finish_reason "error")
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,8 @@ asyncio queue that the engine side fills after every step. When a
 client disconnects, the response stops (Starlette cancels a stream on disconnect; a non-streamed
 request watches for it) and the `finally` aborts whatever is unfinished: the engine frees the
 slot before its next step. Bad input is answered with a 4xx and OpenAI-style error JSON; a dead
-engine with 503; only a bug in the server itself gives a 500.
+engine with 503, to requests in flight and after (a stream ends with an error event of code 503);
+a step that failed for a request (the engine goes on) with a 500 in the same JSON.
 """
 
 import asyncio
@@ -29,7 +30,7 @@ from infer.engine import SamplingParams
 from infer.serve import protocol
 from infer.serve.chat import chat_prompt_ids
 from infer.serve.detokenize import IncrementalDetokenizer
-from infer.serve.engine_client import Delivery, EngineClient, EngineUnavailable
+from infer.serve.engine_client import Delivery, EngineClient, EngineUnavailable, RequestFailed
 from infer.serve.metrics import ServerMetrics
 from infer.serve.protocol import BadRequest, ChatCompletionRequest, CompletionRequest
 
@@ -64,6 +65,10 @@ def build_app(served: Served) -> FastAPI:
     @app.exception_handler(EngineUnavailable)
     async def engine_gone(_: Request, exc: EngineUnavailable):
         return JSONResponse(protocol.error_body(str(exc), 503), status_code=503)
+
+    @app.exception_handler(RequestFailed)
+    async def request_failed(_: Request, exc: RequestFailed):
+        return JSONResponse(protocol.error_body(str(exc), 500), status_code=500)
 
     @app.exception_handler(ClientDisconnect)
     async def client_left(request: Request, _: ClientDisconnect):  # one log line, not a traceback
@@ -240,10 +245,14 @@ class Answer:
         unfinished = len(self.engine_ids)
         while unfinished:
             item = await self.queue.get()
-            if isinstance(item, BaseException):
-                raise RuntimeError(f"the engine failed: {item}")
+            if isinstance(item, EngineUnavailable):
+                raise item
+            if isinstance(item, BaseException):  # the engine thread's own exception: it has stopped
+                raise EngineUnavailable(f"the engine stopped: {type(item).__name__}: {item}")
             delivery: Delivery = item
             out = delivery.output
+            if out.finish_reason == "error":
+                raise RequestFailed(out.error)
             index = self.index[out.request_id]
             first = not self.detokenizers[index].ids
             started = time.perf_counter()
@@ -271,8 +280,9 @@ class Answer:
                     chunk = protocol.sse(self.style.chunk(self.request_id, index, text, reason, first))
                     sse_seconds.inc(time.perf_counter() - started)
                     yield chunk
-            except RuntimeError as exc:
-                yield protocol.sse(protocol.error_body(str(exc), 500))
+            except (EngineUnavailable, RequestFailed) as exc:
+                status = 503 if isinstance(exc, EngineUnavailable) else 500
+                yield protocol.sse(protocol.error_body(str(exc), status))
                 yield protocol.SSE_DONE
                 return
             if include_usage:
@@ -306,7 +316,7 @@ class Answer:
             self.abort_unfinished()
         if not collecting.done() or collecting.cancelled():
             return Response(status_code=499)  # the client left; nobody reads this
-        collecting.result()  # re-raises an engine failure as a 500
+        collecting.result()  # re-raises a dead engine (503) or a failed step (500)
         choices = [
             self.style.choice(i, text, reason) for i, (text, reason) in enumerate(zip(self.texts, self.finish_reasons))
         ]

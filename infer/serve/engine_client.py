@@ -22,6 +22,10 @@ class EngineUnavailable(RuntimeError):
     """The engine has stopped (it failed, or its process died): the server answers 503."""
 
 
+class RequestFailed(RuntimeError):
+    """A step failed for this request (finish reason "error"); the engine goes on: the server answers 500."""
+
+
 @dataclass
 class Delivery:
     """One step's output for one request, as its stream receives it."""
@@ -42,7 +46,7 @@ class EngineClient:
     def __init__(self, metrics=None):
         self.metrics = metrics  # a ServerMetrics, or None
         if metrics is not None:
-            metrics.attach(self.stats)  # its gauges read this engine's stats, wherever it runs
+            metrics.attach(self.stats, lambda: self.alive)  # its gauges read this engine, wherever it runs
         self.streams: dict[str, _Stream] = {}
         self.guard = threading.Lock()  # protects `streams`, never held during a step
         self.error: BaseException | None = None  # what stopped the engine, if anything did

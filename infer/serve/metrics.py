@@ -11,6 +11,7 @@ Server-side TTFT counts from the moment the request reached the engine; a client
 network and the HTTP handling on both ends.
 """
 
+import math
 import re
 import threading
 import time
@@ -75,12 +76,22 @@ class ServerMetrics:
 
     def __init__(self, model_name: str):
         self.registry = CollectorRegistry()  # one per server, so that tests can run several
-        self.read_stats = None
+        self.read_stats, self.read_alive = None, None
         labels = {"model_name": model_name}
+        alive = Gauge(
+            "infer:engine_alive",
+            "1 while the engine runs; 0 once it has stopped (the server answers 503, the state gauges read NaN).",
+            list(labels),
+            registry=self.registry,
+        )
+        alive.labels(**labels).set_function(lambda: float(self.read_alive()))
 
         def gauge(name: str, doc: str, field: str) -> None:
+            # A stopped engine has no state: NaN, not the last numbers it sent (waiting 5, forever).
             metric = Gauge(name, doc, list(labels), registry=self.registry)
-            metric.labels(**labels).set_function(lambda: getattr(self.read_stats(), field))
+            metric.labels(**labels).set_function(
+                lambda: getattr(self.read_stats(), field) if self.read_alive() else math.nan
+            )
 
         gauge("infer:num_requests_running", "Requests holding KV room (prefilling or decoding).", "num_running")
         gauge("infer:num_requests_waiting", "Requests queued for admission.", "num_waiting")
@@ -119,9 +130,10 @@ class ServerMetrics:
         self.itl = histogram("infer:inter_token_latency_seconds", "Gap between a request's consecutive tokens.")
         self.e2el = histogram("infer:e2e_request_latency_seconds", "Arrival at the engine to the last token.")
 
-    def attach(self, read_stats) -> None:
-        """Where the gauges and engine counters are read from: a callable returning EngineStats."""
-        self.read_stats = read_stats
+    def attach(self, read_stats, read_alive) -> None:
+        """Where the gauges and engine counters are read from: a callable returning EngineStats, and
+        one that says whether the engine still runs."""
+        self.read_stats, self.read_alive = read_stats, read_alive
 
     def finished(self, reason: str | None) -> None:
         self._finished.labels(**self._labels, finished_reason=reason or "unknown").inc()

@@ -33,4 +33,5 @@ def make_engine(model, settings: EngineSettings) -> Engine:
         num_kv_blocks=settings.num_kv_blocks,
         block_size=settings.block_size,
         enable_prefix_caching=settings.enable_prefix_caching,
+        on_step_error="fail_requests",  # one request's failure must not stop the server
     )
