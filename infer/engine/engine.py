@@ -280,9 +280,9 @@ class Engine:
         error = f"the engine failed while {phase} a step: {type(exc).__name__}: {exc}"
         logger.exception("%s; failing %d request(s), the engine goes on", error, len(seqs))
         outputs = []
-        for seq in dict.fromkeys(seqs):  # once each, in order
+        for seq in seqs:
             if self.requests.pop(seq.request_id, None) is None:
-                continue
+                continue  # a request twice in the step's work: failed already
             self.scheduler.finish(seq, "error")
             self.sampler.remove(seq.request_id)
             outputs.append(RequestOutput(seq.request_id, [], True, "error", error))
