@@ -3,6 +3,7 @@ dies. Killed under load, the core takes nothing down with it: every open stream 
 the client can read, /health and new requests answer 503 and say why, and the API process keeps
 answering. And a core whose API process is killed exits on its own instead of running on."""
 
+import math
 import os
 import signal
 import threading
@@ -13,6 +14,7 @@ import httpx
 import psutil
 import pytest
 
+from infer.serve.metrics import read_metrics
 from infer.serve.server import EngineSettings, running_server_process, start_server
 
 SETTINGS = EngineSettings(max_num_seqs=8, max_num_batched_tokens=256, max_model_len=512)
@@ -48,12 +50,18 @@ def test_killing_the_engine_core_under_load_fails_streams_cleanly_and_answers_50
             assert lines and "engine" in lines[-2] + lines[-1], (
                 f"stream {index} ended without saying the engine failed; its last lines: {lines[-2:]}"
             )
+            if lines[-1] == "data: [DONE]":  # the stream's own error event, not a cut connection
+                assert '"code":503' in lines[-2].replace(" ", ""), f"stream {index}'s error event: {lines[-2]}"
         health = httpx.get(f"{server.url}/health")
         assert health.status_code == 503 and "died" in health.json()["error"]["message"]
         refused = httpx.post(f"{server.url}/v1/completions", json={"prompt": [1, 2], "max_tokens": 2})
         assert refused.status_code == 503, "a request to a server without an engine must be refused with 503"
         assert "engine" in refused.json()["error"]["message"]
-        assert httpx.get(f"{server.url}/metrics").status_code == 200, "the API process must keep answering"
+        scraped = httpx.get(f"{server.url}/metrics")
+        assert scraped.status_code == 200, "the API process must keep answering"
+        gauges = read_metrics(scraped.text)
+        assert gauges["infer:engine_alive"] == 0, "/metrics must say the engine is down"
+        assert math.isnan(gauges["infer:num_requests_running"]), "a dead core's last numbers are not its state"
         assert engine.process.exitcode == -signal.SIGKILL
 
 
