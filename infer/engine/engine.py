@@ -155,7 +155,9 @@ class Engine:
         params.validate()
         with self.lock:
             request_id = self._new_request_id(request_id)
-            self._check_lengths(len(prompt), params)
+            refusal = self.scheduler.refusal(len(prompt), params.max_tokens)  # the rule schedule() relies on
+            if refusal is not None:
+                raise ValueError(refusal)
             seq = Sequence(request_id, prompt, params, self.clock.now() if arrival_time is None else arrival_time)
             self.requests[request_id] = seq
             self.sampler.add(request_id, params)
@@ -188,11 +190,6 @@ class Engine:
         if request_id in self.requests:
             raise ValueError(f"request id {request_id!r} is already in use by an unfinished request")
         return request_id
-
-    def _check_lengths(self, prompt_len: int, params: SamplingParams) -> None:
-        refusal = self.scheduler.refusal(prompt_len, params.max_tokens)
-        if refusal is not None:
-            raise ValueError(refusal)
 
     def abort(self, request_id: str) -> None:
         """Drop an unfinished request and free its KV room at once; unknown or finished ids are ignored."""
