@@ -12,8 +12,8 @@ After every generated run:
 - the store is whole again (every block free or cached and unowned; every slot free), nothing is
   running or waiting, and the preemption count equals the sum of the sequences' own.
 
-`make test` runs a bounded profile (40 examples, under a minute, the same ones every time);
-`pytest tests/test_engine_rules.py --hypothesis-profile=long` runs 1,000 new ones. A failure prints
+`make test` runs a bounded profile (100 examples, under a minute, the same ones every time);
+`pytest tests/test_engine_rules.py --hypothesis-profile=long` runs 1,000 new ones (tests/conftest.py). A failure prints
 a shrunk example as the test's arguments, and `Case(...)` repeats it in a test of its own.
 """
 
@@ -21,22 +21,13 @@ import math
 from dataclasses import dataclass
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from infer.engine import Engine
 from infer.engine.sequence import Sequence
 from infer.model import Transformer
 from tests.engine_helpers import greedy, single_request_greedy
-
-settings.register_profile(
-    "default", max_examples=100, derandomize=True, deadline=None, database=None, print_blob=True,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
-)  # fmt: skip
-settings.register_profile(
-    "long", max_examples=1000, deadline=None, print_blob=True,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
-)  # fmt: skip
 
 MAX_MODEL_LEN = 64
 VOCAB = 200
