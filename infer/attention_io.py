@@ -52,6 +52,17 @@ def flash_attention_hbm_bytes(seq_len: int, head_dim: int, sram_elements: int, b
     return bytes_per_element * (3 * n * d + 2 * n + outer_steps * (3 * n * d + 4 * n))
 
 
+def standard_over_flash_limit(head_dim: int, sram_elements: int) -> float:
+    """What `standard_attention_hbm_bytes / flash_attention_hbm_bytes` tends to as N grows.
+
+    Standard attention moves about 4N^2 elements; Algorithm 1 about T_c (3Nd + 4N) with
+    T_c = N / B_c, so the ratio tends to 4 B_c / (3d + 4): about M / (3 d^2), since B_c = ceil(M / 4d).
+    Theorem 2's Theta(N d + N^2) against Theta(N^2 d^2 / M) gives the scaling, M / d^2; the exact
+    count's constants make the saving about three times smaller than that."""
+    _, block_cols = flash_block_sizes(sram_elements, head_dim)
+    return 4 * block_cols / (3 * head_dim + 4)
+
+
 def tiled_hbm_bytes(
     seq_len: int, head_dim: int, block_q: int, block_k: int, bytes_per_element: int, causal: bool = False
 ) -> int:

@@ -6,15 +6,21 @@
     tokens that fit    = KV budget // KV bytes per token
     concurrent seqs    = tokens that fit // tokens per sequence
 
-The budget follows vLLM: it claims a fraction `gpu_memory_utilization` of the card (0.9 by
-default), loads the weights, profiles one forward pass of the largest batch it will schedule to
-learn its peak activation memory, and gives what is left of its share to the KV cache. Here the
-activations are a number you choose (vLLM measures them), so the result is a model of vLLM's
-budget, not a reading of it.
+The budget follows vLLM: it claims a fraction `gpu_memory_utilization` of the card's total
+memory as the driver reports it (0.9 here; vLLM's own default is 0.92 in vLLM 0.32), loads the
+weights, profiles one forward pass of the largest batch it will schedule to learn its peak
+activation memory, and gives what is left of its share to the KV cache. Whatever else vLLM
+allocates by then (memory outside PyTorch's allocator, such as buffers that NCCL and some
+attention backends allocate themselves, and an estimate of its CUDA graphs) comes out of its
+share too. Here `activations` is one number you
+choose for all of that (vLLM measures it), so the result is a model of vLLM's budget, not a
+reading of it.
 
-Units: card and budget sizes are in GiB (2^30 bytes). An "80 GB" H100 or A100 holds 80 GiB, so
-GPU memory is counted in GiB; 1 GB = 10^9 bytes is used only where it is written "GB". Configs
-are `transformers` configs, e.g. `infer.models.MODEL_SPECS["qwen2.5-1.5b"].config()`.
+Units: card and budget sizes are in GiB (2^30 bytes). An "80 GB" H100 or A100 carries 80 GiB of
+memory, of which the driver reports a little less (about 79 GiB) as the total that vLLM takes
+its share of; the card sizes here are the nominal ones. 1 GB = 10^9 bytes is used only where it
+is written "GB". Configs are `transformers` configs, e.g.
+`infer.models.MODEL_SPECS["qwen2.5-1.5b"].config()`.
 """
 
 from dataclasses import dataclass
@@ -27,7 +33,7 @@ from infer.profiles import dtype_name
 
 GB = 1e9
 GIB = 2**30
-VLLM_GPU_MEMORY_UTILIZATION = 0.9  # vLLM's default share of the card
+VLLM_GPU_MEMORY_UTILIZATION = 0.9  # the course's share of the card: vLLM's long-time default (0.92 in 0.32)
 DTYPE_NAMES = {
     "fp32": torch.float32,
     "float32": torch.float32,

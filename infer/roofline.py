@@ -10,9 +10,12 @@ per weight, while each weight is read once however large m is. But the activatio
 every linear layer reads an m-row input and writes an m-row output, and that traffic grows with
 m as fast as the FLOPs do. So a matmul's intensity rises like 2m/b while the weights dominate the
 bytes, then levels off at 2kn / (b (k + n)) once the activations do (`matmul_intensity_limit`).
-A decode step (m = 1) sits at about 1 FLOP/byte in bf16, limited by how fast the weights stream
-from memory; a long prefill of a 1.5B model in bf16 levels off at several hundred FLOP/byte, right
-of an H100 SXM's ridge (about 295 FLOP/byte)."""
+Attention does not level off: its FLOPs grow with the square of the prompt, while a fused kernel
+moves bytes that grow only linearly (queries, output, K and V). So a prefill's intensity keeps
+rising with the prompt as attention's share of the FLOPs grows: for a 1.5B model in bf16,
+`forward_cost` gives about 700 FLOP/byte at 2048 tokens and 1150 at 8192, right of an H100 SXM's
+ridge (about 295 FLOP/byte). A decode step (m = 1) sits at about 1 FLOP/byte in bf16, limited by
+how fast the weights stream from memory."""
 
 from dataclasses import dataclass
 

@@ -32,7 +32,16 @@ from infer.attention_triton import (
     launch_config,
 )
 from infer.availability import YES
-from infer.experiments.attention_bench import SweepConfig, TensorBytes, format_table, run_sweep
+from infer.experiments.attention_bench import (
+    SweepConfig,
+    SweepPoint,
+    SweepResult,
+    TensorBytes,
+    format_table,
+    plot_sweep,
+    run_sweep,
+)
+from infer.timing import Timing
 from tests.notebook_files import REPO_ROOT
 
 CPU_DTYPES = [torch.float32, torch.bfloat16, torch.float16]
@@ -140,6 +149,59 @@ def test_sweep_refuses_naive_over_the_cpu_budget_and_goes_on():
     refused = result.point("naive", 256)
     assert refused.status == "oom" and "budget" in refused.note, refused
     assert result.point("tiled", 256).status == "ok", "the other implementations must still run at that length"
+
+
+def _committed_cpu_sweep() -> SweepResult:
+    """The cpu profile's sweep as committed (week 04): two methods refused at 8192 tokens, whose last
+    measured points (4096) lie above another method's 8192-token point."""
+    config = SweepConfig(
+        seq_lens=(512, 1024, 2048, 4096, 8192), batch=1, heads=1, head_dim=64, dtype=torch.float32, device="cpu"
+    )
+    measured = {  # name: [(median ms, peak MiB) per length]; None: refused over the CPU budget
+        "naive": [(1.46, 2.5), (5.04, 9.0), (30.57, 34.0), (183.51, 132.0), None],
+        "tiled": [(1.90, 1.32), (5.11, 1.82), (17.45, 2.82), (64.22, 4.82), (234.22, 8.82)],
+        "sdpa-math": [(1.62, 3.25), (7.24, 12.5), (54.11, 49.0), (228.37, 194.0), None],
+        "sdpa-flash": [(1.05, 0.13), (2.47, 0.25), (8.28, 0.51), (30.82, 1.02), (124.98, 2.03)],
+    }
+    result = SweepResult(config)
+    for name, values in measured.items():
+        for n, value in zip(config.seq_lens, values):
+            if value is None:
+                result.points.append(SweepPoint(name, n, "oom", note="refused: needs ~576 MiB > CPU budget 512 MiB"))
+            else:
+                result.points.append(
+                    SweepPoint(
+                        name, n, "ok", Timing((value[0] * 0.98, value[0], value[0] * 1.02)), int(value[1] * 2**20)
+                    )
+                )
+    return result
+
+
+def test_oom_markers_sit_above_every_measured_point():
+    """Issue F12 of the weeks 00-04 review: an OOM marker drawn at a y value read while the series
+    were still being added landed among the data (below the same method's 4096-token point, on top
+    of sdpa-flash's real 8192-token time), where a reader takes it for a measurement."""
+    import matplotlib.pyplot as plt
+
+    fig, (ax_time, ax_memory) = plt.subplots(1, 2)
+    plot_sweep(ax_time, ax_memory, _committed_cpu_sweep())
+    fig.canvas.draw()
+    for ax, panel in ((ax_time, "time"), (ax_memory, "memory")):
+        markers = [line for line in ax.get_lines() if line.get_marker() == "x"]
+        data = [line for line in ax.get_lines() if line.get_marker() == "o"]
+        assert len(markers) == 2, f"{panel} panel: expected one OOM marker each for naive and sdpa-math"
+        highest_point = max(line.get_transform().transform(line.get_xydata())[:, 1].max() for line in data)
+        for marker in markers:
+            x_px, y_px = marker.get_transform().transform(marker.get_xydata())[0]
+            assert y_px > highest_point, (
+                f"{panel} panel: an OOM marker at {y_px:.0f} px lies at or below the highest measured point "
+                f"({highest_point:.0f} px): draw the markers after every series, above the data, at a fixed "
+                "height of the axes, so that no reader takes a refused run for a measurement"
+            )
+            assert ax.bbox.y0 <= y_px <= ax.bbox.y1, f"{panel} panel: the OOM marker lies outside the axes"
+        heights = sorted(marker.get_transform().transform(marker.get_xydata())[0][1] for marker in markers)
+        assert heights[1] - heights[0] > 5, f"{panel} panel: two OOM markers at one length must not overlap"
+    plt.close(fig)
 
 
 def test_one_failing_implementation_is_recorded_and_the_sweep_goes_on():

@@ -10,6 +10,7 @@ from infer.attention_io import (
     io_time_ms,
     score_matrix_bytes,
     standard_attention_hbm_bytes,
+    standard_over_flash_limit,
     standard_over_tiled_limit,
     tiled_hbm_bytes,
 )
@@ -44,6 +45,23 @@ def test_flash_attention_moves_less_when_n_is_large_and_scales_as_one_over_m():
     small, large = flash_attention_hbm_bytes(n, d, 2**14, 2), flash_attention_hbm_bytes(n, d, 2**16, 2)
     assert large < small < standard
     assert small / large == pytest.approx(4, rel=0.1), "Theta(N^2 d^2 / M): 4x the SRAM, about 1/4 the traffic"
+
+
+def test_the_saving_of_algorithm_1_tends_to_m_over_3d_squared_not_m_over_d_squared():
+    """Review F4: week 04 printed "Theorem 2's saving M/d^2 = 64" next to its own exact count, whose
+    ratio was 18.8 at N = 8192 (M = 262,144 elements: a 1 MiB L2 in float32, d = 64)."""
+    d, m = 64, 2**20 // 4
+    limit = standard_over_flash_limit(d, m)
+    assert limit == pytest.approx(4 * 1024 / (3 * 64 + 4)), (
+        f"standard / Algorithm 1 bytes tend to 4 B_c / (3d + 4) = 20.9 here (B_c = 1024), got {limit}"
+    )
+    assert limit == pytest.approx(m / (3 * d**2), rel=0.03), "which is about M / 3d^2 = 21.3"
+    ratios = [standard_attention_hbm_bytes(n, d, 4) / flash_attention_hbm_bytes(n, d, m, 4) for n in (8192, 2**20)]
+    assert ratios[0] == pytest.approx(18.74, abs=0.01), "the lecture's table: 1082.1 MB / 57.7 MB at N = 8192"
+    assert ratios[0] < ratios[1] < limit and ratios[1] == pytest.approx(limit, rel=0.01), (
+        f"the exact ratio must climb towards the limit {limit:.2f} as N grows, got {ratios}"
+    )
+    assert m / d**2 > 2.9 * limit, "Theorem 2's M / d^2 is the scaling, three times the exact count's saving"
 
 
 def test_tiled_bytes_non_causal_reads_kv_once_per_query_block():

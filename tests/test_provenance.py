@@ -77,3 +77,32 @@ def test_pretrained_weights_record_their_commit_hash(tiny):
 
 def _not_installed(name):
     raise prov.importlib.metadata.PackageNotFoundError(name)
+
+
+def test_a_computation_without_a_model_says_so_and_stamps_its_own_dtype():
+    """Review F13: week 02's bf16 memory bill, stamped from the float32 cpu profile, read
+    "model - (- weights, float32)" under a title that says bf16."""
+    meta = prov.provenance(PROFILES["cpu"], kind="computed", dtype=torch.bfloat16)
+    assert meta["dtype"] == "bfloat16", f"the dtype the numbers were computed in, not the profile's: {meta['dtype']}"
+    line = prov.provenance_line(meta)
+    assert "no model (bfloat16)" in line, f"a result that ran no model must say so, with its dtype: {line}"
+    assert "model -" not in line and "- weights" not in line, f"no placeholder dashes for a model: {line}"
+    assert prov.provenance(PROFILES["cpu"], dtype="bf16")["dtype"] == "bf16", "a dtype name is kept as written"
+
+
+def test_a_model_result_can_stamp_the_dtype_it_was_computed_in(tiny):
+    meta = prov.provenance(tiny, kind="computed", dtype=torch.bfloat16)
+    assert meta["dtype"] == "bfloat16" and meta["model"] == "tiny"
+    assert "(random weights, bfloat16)" in prov.provenance_line(meta)
+
+
+def test_the_cpu_threads_of_a_measurement_are_stamped_not_the_count_at_stamping_time():
+    """Review F13: week 02's cache-write cost runs on one thread (cache_speed.cache_write_ms), but its
+    footer said "cpu (2 threads)", the count when provenance() was called."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        assert prov.provenance(PROFILES["cpu"], cpu_threads=1)["device"] == "cpu (1 thread)"
+        assert prov.provenance(PROFILES["cpu"])["device"] == "cpu (2 threads)", "by default, the count now"
+    finally:
+        torch.set_num_threads(before)

@@ -1,6 +1,7 @@
 """infer.experiments.sequential_baseline: the streamer's timestamps, the one-at-a-time server's queue,
 the grid runner."""
 
+import re
 import time
 
 import pytest
@@ -10,17 +11,21 @@ from infer import hf
 from infer.experiments.sequential_baseline import (
     BaselineSizes,
     TokenTimestamps,
+    drop_unsupported_percentiles,
     format_runs_table,
     generate_with_timestamps,
+    plot_request_timeline,
     prompts_per_cell,
     run_baseline_grid,
     run_sequential_server,
+    sample_counts,
     steady_state,
     supported_percentiles,
 )
 from infer.metrics import calculate_metrics, request_latencies_ms
 from infer.profiles import BenchmarkGrid
 from infer.prompts import random_prompt_ids
+from infer.records import RequestRecord
 
 
 class FakeModel:
@@ -139,6 +144,7 @@ def test_baseline_grid_on_the_tiny_model(tiny):
         assert run["total_input_tokens"] == 24
         assert run["request_goodput"] == pytest.approx(run["request_throughput"]), "huge SLOs: every request is good"
         assert run["backend"] == "transformers-generate-sequential" and run["request_rate"] == "inf"
+        assert "p50_ttft_ms" in run and "p90_ttft_ms" not in run, "3 requests support a p50 only: no tail is saved"
     assert all(len(r.chunk_times) == 3 for r in records[(8, 3, 2)])
 
 
@@ -171,6 +177,52 @@ def test_the_runs_table_hides_percentiles_that_n_cannot_support(tiny):
     assert " 20 |" in data_line, f"the table must print n beside the percentiles: {data_line}"
     assert data_line.count(" - ") + data_line.rstrip().endswith("-") == 2, (
         f"20 requests support p50 and p90, not p95: one '-' each for TTFT and TPOT, got {data_line}"
+    )
+
+
+def _record(prompt_len, send, ttft_ms, gaps_ms):
+    times = [send + ttft_ms / 1e3]
+    for gap in gaps_ms:
+        times.append(times[-1] + gap / 1e3)
+    return RequestRecord(prompt_len, send, chunk_times=times)
+
+
+def test_saved_runs_keep_only_the_percentiles_their_samples_support():
+    """Review F3: every run of results/03_baseline_cpu.json measured 40 requests, yet carried a p99
+    TTFT, TPOT and E2EL, which the harness says it does not report (a p99 needs 200)."""
+    records = [_record(8, 0.0, 10 + i, [4.0] * 15) for i in range(40)]  # 40 requests of 16 tokens: 600 gaps
+    counts = sample_counts(records)
+    assert counts == {"ttft": 40, "e2el": 40, "tpot": 40, "itl": 600}, counts
+    run = drop_unsupported_percentiles(calculate_metrics(records), counts)
+    for metric in ("ttft", "tpot", "e2el"):
+        assert f"p95_{metric}_ms" in run, f"40 requests support a p95 {metric.upper()}: keep it"
+        assert f"p99_{metric}_ms" not in run, (
+            f"a p99 {metric.upper()} of 40 requests rests on less than one request beyond it: leave it out of "
+            "the saved run, as the table leaves it out"
+        )
+        assert f"p50_{metric}_ms" in run and f"mean_{metric}_ms" in run, "p50, mean, median and std always stay"
+    assert "p99_itl_ms" in run, "ITL pools 600 gaps: its p99 has 6 beyond it, keep it"
+    few = drop_unsupported_percentiles(calculate_metrics(records[:1]), sample_counts(records[:1]))
+    assert "p50_ttft_ms" in few and "p90_ttft_ms" not in few, "one request keeps its p50 (the median), no tail"
+
+
+def test_timeline_label_computes_tpot_from_the_numbers_it_shows():
+    """Review F13: the label read "TPOT = (104 - 75) / 7 = 4.0 ms", and 29 / 7 is 4.1."""
+    import matplotlib.pyplot as plt
+
+    record = _record(256, 0.0, 75.4, [4.1] * 6 + [3.7])  # TTFT 75.4 ms, E2EL 103.7 ms, 8 tokens
+    fig, ax = plt.subplots()
+    plot_request_timeline(ax, record)
+    labels = [t.get_text() for t in ax.texts if t.get_text().startswith("TPOT")]
+    plt.close(fig)
+    assert labels, "the timeline must spell out how TPOT is computed"
+    found = re.fullmatch(r"TPOT = \(([\d.]+) - ([\d.]+)\) / (\d+) = ([\d.]+) ms", labels[0])
+    assert found, f"unexpected TPOT label {labels[0]!r}"
+    e2el, ttft, steps, tpot = float(found[1]), float(found[2]), int(found[3]), float(found[4])
+    assert steps == 7
+    assert abs((e2el - ttft) / steps - tpot) <= 0.05 + 0.1 / steps, (
+        f"{labels[0]!r}: ({e2el:g} - {ttft:g}) / {steps} = {(e2el - ttft) / steps:.2f}, not {tpot:g}: show the "
+        "terms with enough decimals that a reader's arithmetic gives the TPOT shown"
     )
 
 

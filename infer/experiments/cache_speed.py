@@ -115,6 +115,9 @@ def plot_race(ax: plt.Axes, output_lens, timings: dict[str, list[Timing]]) -> No
     ax.grid(True, alpha=0.3)
 
 
+WRITE_COST_CPU_THREADS = 1  # `cache_write_ms` on a CPU: stamp it (provenance(..., cpu_threads=...))
+
+
 def cache_write_ms(model, context_lens, *, repeats: int = 15) -> dict[str, list[Timing]]:
     """The time to store ONE new token's K and V in every layer when `context` tokens are already
     cached: the per-step cost of each cache, isolated from the model's arithmetic.
@@ -123,7 +126,7 @@ def cache_write_ms(model, context_lens, *, repeats: int = 15) -> dict[str, list[
     shared two-core machine a thread that waits for a busy core adds tens of milliseconds that
     have nothing to do with the bytes copied."""
     arch, weight = model.arch, model.embed.weight
-    with cpu_threads(1 if weight.device.type == "cpu" else None):
+    with cpu_threads(WRITE_COST_CPU_THREADS if weight.device.type == "cpu" else None):
         shape = dict(dtype=weight.dtype, device=weight.device)
         timings: dict[str, list[Timing]] = {GROWING: [], PREALLOCATED: []}
         for context in context_lens:
@@ -153,6 +156,6 @@ def plot_write_cost(ax: plt.Axes, context_lens, timings: dict[str, list[Timing]]
     ax.set_yscale("log")
     ax.set_xticks(list(context_lens), [str(n) for n in context_lens])
     ax.set_xlabel("tokens already in the cache")
-    ax.set_ylabel("time to add one token, all layers (ms, median)")
+    ax.set_ylabel("time to add one token\n(all layers; ms, median)")
     ax.legend(fontsize=8)
     ax.grid(True, which="both", alpha=0.3)

@@ -25,7 +25,7 @@ import torch
 from transformers.generation.streamers import BaseStreamer
 
 from infer import hf
-from infer.metrics import calculate_metrics, slo_from_profile
+from infer.metrics import DEFAULT_PERCENTILES, calculate_metrics, percentile_key, slo_from_profile
 from infer.profiles import BenchmarkGrid
 from infer.prompts import random_prompt_ids
 from infer.records import RequestRecord
@@ -139,6 +139,32 @@ def supported_percentiles(n: int, percentiles) -> list[float]:
     return [p for p in percentiles if n * (100 - p) / 100 >= TAIL_REQUESTS]
 
 
+def sample_counts(records: list[RequestRecord]) -> dict[str, int]:
+    """How many values each latency statistic of `calculate_metrics` stands on: one per successful
+    request for TTFT and E2EL, one per request with more than one token for TPOT, one per gap
+    between chunks for ITL (it pools them)."""
+    ok = [r for r in records if r.success]
+    return {
+        "ttft": len(ok),
+        "e2el": len(ok),
+        "tpot": sum(r.num_output_tokens > 1 for r in ok),
+        "itl": sum(len(r.chunk_times) - 1 for r in ok),
+    }
+
+
+def drop_unsupported_percentiles(run: dict, counts: dict[str, int]) -> dict:
+    """`run` without the tail percentile keys that its samples cannot support (`supported_percentiles`):
+    vLLM's client writes every percentile it is asked for, the baseline only those it reports, so
+    that a results file never holds a p99 of 40 requests. The p50 stays, as the median does: it
+    needs no tail. `counts`: from `sample_counts`."""
+    kept = dict(run)
+    for metric, n in counts.items():
+        for p in DEFAULT_PERCENTILES:
+            if p > 50 and p not in supported_percentiles(n, (p,)):
+                kept.pop(f"{percentile_key(p)}_{metric}_ms", None)
+    return kept
+
+
 def prompts_per_cell(grid: BenchmarkGrid, sizes: BaselineSizes, concurrency: int) -> int:
     """Measured requests of one cell (the ramp-up requests come on top, see `steady_state`)."""
     return min(grid.num_prompts, max(sizes.min_prompts, sizes.rounds * concurrency))
@@ -172,7 +198,8 @@ def run_baseline_grid(
 ) -> tuple[list[dict], dict]:
     """Run the sequential `generate()` baseline over every cell of the grid.
 
-    Returns (runs, records): one vLLM-keyed result per cell (plus the cell's settings), and the raw
+    Returns (runs, records): one vLLM-keyed result per cell (plus the cell's settings; percentiles
+    only where its samples support them, `drop_unsupported_percentiles`), and the raw
     measured records of each cell keyed by (input_len, output_len, concurrency). Every cell of one
     input length serves the same prompts (exact-length token ids, seeded), after `sizes.warmup`
     untimed requests; the ramp-up requests of `steady_state` are served but not measured."""
@@ -196,19 +223,18 @@ def run_baseline_grid(
         served = run_sequential_server(lm.model, prompts, output_len, concurrency, progress=bar)
         measured, duration_s = steady_state(served, concurrency)
         records[(input_len, output_len, concurrency)] = measured
-        runs.append(
-            {
-                "backend": BASELINE_BACKEND,
-                "input_len": input_len,
-                "output_len": output_len,
-                "max_concurrency": concurrency,
-                "request_rate": "inf",
-                "num_prompts": n,
-                "num_warmups": sizes.warmup,
-                "num_ramp_up": concurrency - 1,
-                **calculate_metrics(measured, slo_ms=slo_ms, duration_s=duration_s),
-            }
-        )
+        run = {
+            "backend": BASELINE_BACKEND,
+            "input_len": input_len,
+            "output_len": output_len,
+            "max_concurrency": concurrency,
+            "request_rate": "inf",
+            "num_prompts": n,
+            "num_warmups": sizes.warmup,
+            "num_ramp_up": concurrency - 1,
+            **calculate_metrics(measured, slo_ms=slo_ms, duration_s=duration_s),
+        }
+        runs.append(drop_unsupported_percentiles(run, sample_counts(measured)))
     bar.close()
     return runs, records
 
@@ -223,7 +249,8 @@ def baseline_settings(grid: BenchmarkGrid, sizes: BaselineSizes, slo_ms: dict) -
         "one at a time, first come first served; TTFT includes the queueing",
         "ramp_up": "the first max_concurrency - 1 requests (sent together, so they queue less) are served but "
         "not measured; duration runs from the server's start on the first measured request",
-        "percentiles_reported": f"only those with at least {TAIL_REQUESTS} measured requests beyond them",
+        "percentiles_reported": f"only those with at least {TAIL_REQUESTS} measured values beyond them (requests "
+        "for TTFT, TPOT and E2EL; gaps between chunks for ITL, which pools them); the others are left out",
     }
 
 
@@ -331,16 +358,16 @@ def plot_request_timeline(ax, record: RequestRecord, service_start: float | None
     ax.vlines(t, 1.7, 2.3, color="k", linewidth=0.8)
     ax.plot([0], [2], marker=">", color="k", markersize=8)
     ax.annotate("", xy=(t[0], 1.1), xytext=(0, 1.1), arrowprops=dict(arrowstyle="<->"))
-    ax.text(t[0] / 2, 1.0, f"TTFT {lat.ttft_ms:.0f} ms", ha="center", va="top", fontsize=8)
+    ax.text(t[0] / 2, 1.0, f"TTFT {lat.ttft_ms:.1f} ms", ha="center", va="top", fontsize=8)
     ax.annotate("", xy=(t[-1], 0.4), xytext=(0, 0.4), arrowprops=dict(arrowstyle="<->"))
-    ax.text(t[-1] / 2, 0.3, f"E2EL {lat.e2el_ms:.0f} ms", ha="center", va="top", fontsize=8)
+    ax.text(t[-1] / 2, 0.3, f"E2EL {lat.e2el_ms:.1f} ms", ha="center", va="top", fontsize=8)
     if len(t) > 1:
         ax.annotate("", xy=(t[1], 2.9), xytext=(t[0], 2.9), arrowprops=dict(arrowstyle="<->", color="C3"))
         ax.text(t[1], 3.0, f"one ITL: {lat.itls_ms[0]:.1f} ms", color="C3", ha="left", va="bottom", fontsize=8)
         ax.text(
             t[-1],
             1.62,
-            f"TPOT = ({lat.e2el_ms:.0f} - {lat.ttft_ms:.0f}) / {record.num_output_tokens - 1} = {lat.tpot_ms:.1f} ms",
+            f"TPOT = ({lat.e2el_ms:.1f} - {lat.ttft_ms:.1f}) / {record.num_output_tokens - 1} = {lat.tpot_ms:.1f} ms",
             ha="right",
             va="top",
             fontsize=8,
