@@ -20,8 +20,8 @@ from infer.experiments.chunked_prefill import (
     sweep_slos,
     time_step_kinds,
 )
-from infer.experiments.chunked_prefill_run import load_summary, median_round, sweep_points
-from infer.experiments.rounds import spread
+from infer.experiments.chunked_prefill_run import STALL_TARGETS, load_summary, median_round, sweep_points
+from infer.experiments.rounds import format_target, spread, verdict
 from infer.metrics import load_results
 from infer.model import Transformer
 from infer.workloads import mixed_workload
@@ -152,3 +152,20 @@ def test_the_simulator_is_checked_per_workload_against_the_median_of_its_rounds(
     assert runs[0]["relative_error_fixed_cost"]["output_throughput"] == pytest.approx(
         runs[0]["simulated_fixed_cost"]["output_throughput"] / median - 1
     )
+
+
+def test_a_target_is_judged_on_the_unrounded_median_and_printed_with_its_verdict():
+    # the committed stall run's throughput ratios: a median of 0.898, which prints as 0.90 to two decimals
+    ratio = spread([0.9224, 0.8616, 0.8980])
+    target = STALL_TARGETS["total_throughput_ratio_chunked_over_prefill_first"]
+    assert verdict(ratio["median"], *target) == "MISSED", "0.898 misses '>= 0.90', whatever it rounds to"
+    text = format_target(ratio, target, ".2f")
+    assert text.endswith("target >= 0.9: MISSED"), (
+        f"got {text!r}: a median shown rounded beside its threshold must say whether it met it"
+    )
+    assert verdict(0.90, ">=", 0.90) == "met" and verdict(1.26, "<=", 1.25) == "MISSED"
+    assert format_target(spread([5.1, 5.5, 5.2]), STALL_TARGETS["p99_itl_ratio_prefill_first_over_chunked"], ".1f") == (
+        "5.2 (5.1-5.5 over 3 rounds); target >= 3: met"
+    )
+    with pytest.raises(ValueError, match="'>=' or '<='"):
+        verdict(1.0, ">", 0.9)

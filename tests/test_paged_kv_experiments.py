@@ -40,6 +40,53 @@ def test_the_harnesses_run_and_report_what_the_lecture_reads(model):
     assert cost["ratio_paged_over_slots"] > 0
 
 
+def test_preemptions_are_counted_per_round_not_since_the_engine_started(model):
+    from infer.engine import Engine
+    from infer.experiments.paged_kv import serve_once
+
+    varied = mixed_workload("varied", model.arch.vocab_size, 12, (4, 16), (2, 8), seed=1)
+    engine = Engine(
+        model,
+        "chunked",
+        max_num_seqs=12,
+        max_model_len=32,
+        kv_store="paged",
+        num_kv_blocks=16,
+        block_size=4,
+        log_steps=True,
+    )
+    first, second = serve_once(engine, varied)["preemptions"], serve_once(engine, varied)["preemptions"]
+    assert first > 0, "16 blocks of 4 for 12 requests of up to 24 tokens were meant to preempt: the test tests nothing"
+    assert second == first, (
+        f"the same workload on the same schedule: {first} preemption(s) in its first run, then reportedly {second}: "
+        "serve_once must report its own run's preemptions (engine.num_preemptions after the run minus before), "
+        "not the engine's counter, which runs from its start"
+    )
+    capacity = capacity_at_equal_memory(model, varied, slots=2, max_model_len=32, block_size=4, rounds=2)
+    paged = capacity["paged"]
+    assert paged.get("preemptions_per_round") == [first, first], (
+        f"expected each round's own preemptions, [{first}, {first}], under 'preemptions_per_round'; got "
+        f"{paged.get('preemptions_per_round')}"
+    )
+    assert paged["preemptions"] == 2 * first, "'preemptions' is the total over the timed rounds, the warm-up excluded"
+    assert capacity["slots"]["preemptions_per_round"] == [0, 0], (
+        "a slot is reserved whole: the slot store never preempts"
+    )
+
+
+def test_the_prefix_hit_rate_counts_the_timed_requests_only(model):
+    # 3 requests of a 64-token system prompt (4 blocks of 16) and 4 tokens of their own, one at a time:
+    # the first finds nothing cached, the other two its 64 shared tokens
+    prefix = prefix_caching_ttft(
+        model, shared_prefix_workload(model.arch.vocab_size, 3, 64, 4, 2), block_size=16, rounds=1
+    )
+    assert prefix["hit_rate"] == pytest.approx(2 * 64 / (3 * 68)), (
+        f"hit rate {prefix['hit_rate']:.4f}, expected 128 / 204 = {128 / 204:.4f}: the warm-up must share no block "
+        "with the system prompt (or the first timed request finds part of it cached), and its own lookups must not "
+        "count in the timed requests' hit rate"
+    )
+
+
 def test_comparing_with_alone_tells_a_near_tie_from_a_bug(model):
     from infer.experiments.paged_kv import compare_with_alone
     from tests.engine_helpers import single_request_greedy

@@ -22,17 +22,18 @@ from infer.experiments.prefix_vs_vllm import (
 from infer.experiments.rounds import interleaved_rounds
 
 
-def result(output_throughput: float, median_ttft_ms: float) -> dict:
+def result(output_throughput: float, median_ttft_ms: float, median_tpot_ms: float = 1.0) -> dict:
     return {key: 1.0 for key in KEPT_KEYS} | {
         "failed": 0,
         "output_throughput": output_throughput,
         "median_ttft_ms": median_ttft_ms,
+        "median_tpot_ms": median_tpot_ms,
     }
 
 
 RUNS = {
     "vllm-server": [result(100.0, 20.0), result(200.0, 10.0), result(100.0, 20.0)],
-    "course-server": [result(80.0, 30.0), result(100.0, 30.0), result(90.0, 40.0)],
+    "course-server": [result(80.0, 30.0, 6.0), result(100.0, 30.0, 9.0), result(90.0, 40.0, 8.0)],
 }
 
 
@@ -48,6 +49,17 @@ def test_ratios_are_taken_within_each_round_then_summarized():
     assert vllm["failed"] == 0
     text = format_summary({**summary, "prefix_cache_hit_rate": {"vllm-server": 0.93, "course-server": 0.9}})
     assert "output throughput 0.80 (0.50-0.90 over 3 rounds)" in text and "course-server 90%" in text
+
+    course = summary["servers"]["course-server"]
+    assert course.get("median_tpot_ms") == {"median": 8.0, "min": 6.0, "max": 9.0, "per_round": [6.0, 9.0, 8.0]}, (
+        "each server's median TPOT over the rounds belongs in the summary: it says how much of a throughput gap is "
+        "time per token"
+    )
+    assert "median TPOT 8.00 (6.00-9.00 over 3 rounds) ms" in text, f"the printed summary shows the TPOT:\n{text}"
+    for server in summary["servers"].values():
+        del server["median_tpot_ms"]
+    older = format_summary({**summary, "prefix_cache_hit_rate": {"vllm-server": 0.93, "course-server": 0.9}})
+    assert "median TPOT" not in older, "a results file saved before the TPOT was summarized still prints"
 
 
 def test_each_run_asks_for_the_shared_prefix_workload_with_its_rounds_seed(monkeypatch):

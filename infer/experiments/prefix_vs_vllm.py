@@ -7,16 +7,18 @@ Every prompt is one 1,024-token system prompt, the same for all, then 32 tokens 
 asks for 64 tokens (`vllm bench serve --dataset-name random --random-prefix-len 1024
 --random-input-len 32 --random-output-len 64`), 4 in flight at a time. Both servers cache
 prefixes: vLLM's V1 engine by default, the course server with `kv_store="paged",
-enable_prefix_caching=True`. The client's ready check and warm-up send the first prompt before its
-timed run, so the timed prompts find the system prompt cached and compute only their own tokens:
-what is compared is how fast each server serves a warm system prompt. Each server's /metrics says
-how much of the prompts it found cached, so that a server that missed the prefix shows.
+enable_prefix_caching=True`, in blocks of 16; vLLM's CPU build in its default blocks of 128 (no
+`--block-size` is passed), and 1,024 is a multiple of both. The client's ready check and warm-up
+send the first prompt before its timed run, so the timed prompts find the system prompt cached and
+compute only their own tokens: what is compared is how fast each server serves a warm system
+prompt. Each server's /metrics says how much of the prompts it found cached, so that a server that
+missed the prefix shows.
 
 Rounds: vLLM, then the course server, three times, both servers running throughout (the harness of
 side_by_side.py: the exported weights, the servers' logs and cores). Each round draws new prompts
 (its own seed, so its own system prompt): a round never finds a previous round's whole prompts
-cached. The summary holds each server's output throughput and median TTFT, median over the rounds
-with their range, and course / vLLM of both, taken within each round.
+cached. The summary holds each server's output throughput, median TTFT and median TPOT, median
+over the rounds with their range, and course / vLLM of throughput and TTFT, taken within each round.
 """
 
 import argparse
@@ -48,6 +50,7 @@ SETTINGS = EngineSettings(
 )
 KEPT_KEYS = ("completed", "failed", "duration", "output_throughput", "median_ttft_ms", "p90_ttft_ms", "median_tpot_ms")
 COMPARED = ("output_throughput", "median_ttft_ms")
+SUMMARIZED = (*COMPARED, "median_tpot_ms")  # each server's, over the rounds
 
 
 def bench(url: str, lm, folder: Path, result_dir: Path, name: str, seed: int) -> dict:
@@ -111,14 +114,14 @@ def run_servers(lm, rounds: int, log_dir: Path) -> tuple[dict[str, list[dict]], 
 
 
 def summarize(runs: dict[str, list[dict]]) -> dict:
-    """Each server's output throughput and median TTFT over the rounds (median and range), its
-    failed requests, and course / vLLM of both metrics, taken within each round."""
+    """Each server's output throughput, median TTFT and median TPOT over the rounds (median and
+    range), its failed requests, and course / vLLM of throughput and TTFT, taken within each round."""
     return {
         "rounds": len(runs["course-server"]),
         "round_order": list(runs),
         "servers": {
             name: {
-                **{key: spread([r[key] for r in results]) for key in COMPARED},
+                **{key: spread([r[key] for r in results]) for key in SUMMARIZED},
                 "failed": sum(r["failed"] for r in results),
             }
             for name, results in runs.items()
@@ -130,7 +133,10 @@ def summarize(runs: dict[str, list[dict]]) -> dict:
 def format_summary(summary: dict) -> str:
     lines = [
         f"{name:>13}: {format_spread(s['output_throughput'], '.1f')} output tok/s, median TTFT "
-        f"{format_spread(s['median_ttft_ms'], '.1f')} ms, {s['failed']} failed"
+        f"{format_spread(s['median_ttft_ms'], '.1f')} ms, "
+        # results saved before the TPOT was summarized lack it
+        + (f"median TPOT {format_spread(s['median_tpot_ms'], '.2f')} ms, " if "median_tpot_ms" in s else "")
+        + f"{s['failed']} failed"
         for name, s in summary["servers"].items()
     ]
     ratios = summary["course_vs_vllm"]

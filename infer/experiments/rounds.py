@@ -4,6 +4,7 @@ then hits every system alike, and the rounds show how much a result moves from o
     runs = interleaved_rounds({"A": run_a, "B": run_b}, rounds=3)   # each run returns a dict of metrics
     spread([r["output_throughput"] for r in runs["A"]])             # median, min and max over the rounds
     ratio_spread(runs["A"], runs["B"], "output_throughput")         # A / B within each round, then the same
+    format_target(ratio, (">=", 0.9), ".3f")  # "0.898 (0.862-0.922 over 3 rounds); target >= 0.9: MISSED"
 
 A ratio is taken within a round, between runs made minutes apart, before the median over rounds:
 the two systems of one round met the same machine.
@@ -51,3 +52,17 @@ def format_spread(summary: dict, fmt: str = ".2f") -> str:
         f"{summary['median']:{fmt}} ({summary['min']:{fmt}}-{summary['max']:{fmt}} "
         f"over {len(summary['per_round'])} rounds)"
     )
+
+
+def verdict(value: float, op: str, threshold: float) -> str:
+    """'met' or 'MISSED': `value` itself against `threshold`, never a rounded copy of it (a median of
+    0.898 misses ">= 0.90", though it prints as 0.90 to two decimals)."""
+    if op not in (">=", "<="):
+        raise ValueError(f"a target's operator is '>=' or '<=', got {op!r}")
+    return "met" if (value >= threshold if op == ">=" else value <= threshold) else "MISSED"
+
+
+def format_target(summary: dict, target: tuple[str, float], fmt: str = ".2f") -> str:
+    """`0.898 (0.862-0.922 over 3 rounds); target >= 0.9: MISSED`: the rounds' median, judged unrounded."""
+    op, threshold = target
+    return f"{format_spread(summary, fmt)}; target {op} {threshold:g}: {verdict(summary['median'], op, threshold)}"
