@@ -169,3 +169,25 @@ def test_a_target_is_judged_on_the_unrounded_median_and_printed_with_its_verdict
     )
     with pytest.raises(ValueError, match="'>=' or '<='"):
         verdict(1.0, ">", 0.9)
+
+
+def test_the_simulator_is_judged_against_the_range_of_its_measured_rounds():
+    from infer.experiments.chunked_prefill_run import VALIDATION_KEYS, judged_against_noise
+
+    def row(simulated: float, error: float) -> dict:
+        measured = {"median": 100.0, "min": 95.0, "max": 104.0, "per_round": [95.0, 100.0, 104.0]}
+        return {
+            "max_concurrency": 8,
+            "max_num_batched_tokens": 64,
+            "measured": {k: measured for k in VALIDATION_KEYS},
+            "simulated": {k: simulated for k in VALIDATION_KEYS},
+            "relative_error": {k: error for k in VALIDATION_KEYS},
+        }
+
+    inside = judged_against_noise([row(102.0, 0.02), row(97.0, -0.03)])
+    assert inside["verdict"] == "met" and inside["inside_range"] == 6 and inside["median_abs_error"] == 0.025
+    outside = judged_against_noise([row(102.0, 0.02), row(105.0, 0.05)])
+    assert outside["verdict"] == "MISSED", "a simulated value above every measured round must miss"
+    assert len(outside["outside_range"]) == 3 and outside["outside_range"][0]["simulated"] == 105.0
+    noisy = judged_against_noise([row(96.0, -0.06), row(103.0, 0.06)])
+    assert noisy["verdict"] == "MISSED", "inside every range but a median error of 6% must miss the 5% bar"
