@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 INSTALLED := $(VENV)/.installed
 BUILD := _build
 # Without an NVIDIA GPU, install the CPU build of torch first: the project's own requirement
-# (torch>=2.4) is then already met, and pip does not fetch a multi-GB CUDA build.
+# (torch>=2.5, for enable_gqa) is then already met, and pip does not fetch a multi-GB CUDA build.
 CPU_TORCH := torch==2.13.0
 
 .PHONY: site site-instructor notebooks labs lab test grade clean vllm serve bench gpu-env-check gpu-check

@@ -58,17 +58,19 @@ def cached_greedy_generate(
     prompt = prompt_ids.reshape(-1).to(device)
     n = prompt.shape[0]
 
-    def step(token_ids: torch.Tensor, first_position: int) -> torch.Tensor:
+    def step(token_ids: torch.Tensor, first_position: int, last: torch.Tensor | None = None) -> torch.Tensor:
         positions = torch.arange(first_position, first_position + token_ids.shape[0], device="cpu")
         slots = None if seq_id == 0 else torch.full_like(positions, seq_id)
-        last = torch.tensor([token_ids.shape[0] - 1], device="cpu")  # only the last position's logits are needed
         next_token = model(token_ids, positions, cache, slots, logits_rows=last).argmax(dim=-1)
         if timestamps is not None:
             synchronize(device)
             timestamps.append(time.perf_counter())
         return next_token  # [1], on the device
 
-    tokens = [step(prompt, 0)]  # prefill: the whole prompt in one pass fills the cache
-    for i in range(1, max_new_tokens):  # decode: one new token per pass, at position n + i - 1
+    # Only the last position's logits are needed. Its index lives on the device: a host index into a
+    # device tensor is copied there with a blocking copy, which would wait for the whole step.
+    last = torch.tensor([n - 1], device=device)
+    tokens = [step(prompt, 0, last)]  # prefill: the whole prompt in one pass fills the cache
+    for i in range(1, max_new_tokens):  # decode: one new token per pass (its only row), at position n + i - 1
         tokens.append(step(tokens[-1], n + i - 1))
     return torch.cat(tokens)[None]

@@ -87,12 +87,17 @@ class PagedKV:
         decode_lengths: torch.Tensor,
         prefills: list[PrefillRun],
         first_decode_block: int | None = None,
+        longest_decode: int | None = None,
     ):
+        """`longest_decode`: the longest decode's length, as the host knows it (for_runs passes it);
+        when None it is read from `decode_lengths`, which waits for the device when they live on one."""
         self.cache = cache
         self.block_ids, self.offsets = block_ids, offsets  # [N]: where each new token's K/V go
         self.decode_rows, self.decode_tables, self.decode_lengths = decode_rows, decode_tables, decode_lengths
         self.first_decode_block = first_decode_block  # set when the decodes' blocks are one compact range
-        self.longest_decode = int(decode_lengths.max()) if len(decode_lengths) else 0
+        if longest_decode is None:
+            longest_decode = int(decode_lengths.max()) if len(decode_lengths) else 0
+        self.longest_decode = longest_decode
         self.prefills = prefills
 
     @classmethod
@@ -137,6 +142,7 @@ class PagedKV:
             on_device([run.end for run, _ in decodes]),
             prefills,
             first_decode_block,
+            longest_decode=max((run.end for run, _ in decodes), default=0),  # from the host: no device read
         )
 
     @classmethod
@@ -200,15 +206,23 @@ def causal_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, 
     """q [n, heads, d] at positions start..start+n-1 against keys/values [kv_heads, start+n, d].
 
     Query i may see keys 0..start+i. One decode token sees everything (no mask); a prefill from
-    position 0 is the usual square causal mask; a later chunk needs the shifted one."""
-    n = q.shape[0]
-    q = q.transpose(0, 1)[None]  # [1, heads, n, d]
-    keys, values = keys[None], values[None]
-    if n == 1:
-        mask, causal = None, False
-    elif start == 0:
-        mask, causal = None, True
-    else:
-        mask, causal = torch.ones(n, start + n, dtype=torch.bool, device=q.device).tril(diagonal=start), False
-    out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, is_causal=causal, enable_gqa=True)
-    return out[0].transpose(0, 1)  # [n, heads, d]
+    position 0 is the usual square causal mask; a later chunk needs the shifted one.
+
+    Without a mask, `enable_gqa` lets each query head read its KV head. With one, it would not: on
+    CUDA only the flash kernel implements `enable_gqa`, and flash takes no mask, so PyTorch falls
+    back to its slow math kernel (fp32 scores [heads, n, start+n]). So a shifted chunk stacks each KV
+    head's group of query heads into one head of group*n queries, as the decodes do: equal head
+    counts, no copy of K and V, and the memory-efficient kernel takes the mask."""
+    n, heads, head_dim = q.shape
+    kv_heads = keys.shape[0]
+    if n == 1 or start == 0:
+        out = F.scaled_dot_product_attention(
+            q.transpose(0, 1)[None], keys[None], values[None], is_causal=n > 1, enable_gqa=True
+        )
+        return out[0].transpose(0, 1)  # [n, heads, d]
+    group = heads // kv_heads
+    # query head h reads KV head h // group: row g*n + i of KV head j is query i of head j*group + g
+    queries = q.transpose(0, 1).reshape(1, kv_heads, group * n, head_dim)
+    mask = torch.ones(n, start + n, dtype=torch.bool, device=q.device).tril(diagonal=start).repeat(group, 1)
+    out = F.scaled_dot_product_attention(queries, keys[None], values[None], attn_mask=mask)
+    return out.reshape(heads, n, head_dim).transpose(0, 1)  # [n, heads, d]

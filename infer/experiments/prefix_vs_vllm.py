@@ -94,10 +94,11 @@ def run_servers(lm, rounds: int, log_dir: Path) -> tuple[dict[str, list[dict]], 
     folder, bench_dir = export_model(lm), log_dir / "bench"
     course_log, vllm_log = log_dir / "course_server_prefix.log", log_dir / "vllm_server_prefix.log"
     with (
+        running_server_process(lm.profile.name, SETTINGS, course_log) as course_url,
+        # vLLM last: on a GPU it claims a share of what the course server left free (cuda_memory_share)
         running_vllm_server(
             folder, lm.name, vllm_log, dtype=dtype_name(lm.dtype), max_model_len=MAX_MODEL_LEN
         ) as vllm_url,
-        running_server_process(lm.profile.name, SETTINGS, course_log) as course_url,
     ):
         servers = {"vllm-server": vllm_url, "course-server": course_url}
         runs = interleaved_rounds(

@@ -49,9 +49,12 @@ def server_command(
     *,
     dtype: str = "float32",
     max_model_len: int = 2048,
+    gpu_memory_utilization: float | None = None,
     extra: tuple[str, ...] = (),
 ) -> list[str]:
-    """vLLM's OpenAI-compatible server, on the loopback address only (its default host is every interface)."""
+    """vLLM's OpenAI-compatible server, on the loopback address only (its default host is every interface).
+    `gpu_memory_utilization` (CUDA only; see cuda_memory_share) is left to vLLM's default when None."""
+    share = [] if gpu_memory_utilization is None else ["--gpu-memory-utilization", f"{gpu_memory_utilization:.2f}"]
     return [
         str(vllm_python()),
         "-m",
@@ -70,6 +73,7 @@ def server_command(
         str(max_model_len),
         "--seed",
         "0",
+        *share,
         *extra,
     ]
 
@@ -88,10 +92,16 @@ def running_vllm_server(
     startup_timeout_s: float = 600.0,
     **kwargs,
 ):
-    """Start vLLM's server, wait until /health answers, yield its URL; stop it afterwards."""
+    """Start vLLM's server, wait until /health answers, yield its URL; stop it afterwards.
+
+    On a CUDA machine vLLM claims a fixed share of the whole card and refuses to start when less is
+    free, so unless `gpu_memory_utilization` is given it gets what is free now (cuda_memory_share):
+    start it after the processes it runs beside."""
     reason = vllm_missing_reason()
     if reason:
         raise RuntimeError(reason)
+    if kwargs.get("gpu_memory_utilization") is None:
+        kwargs["gpu_memory_utilization"] = cuda_memory_share()
     port = port or free_port()
     command = server_command(model, served_name, port, **kwargs)
     with server_process(command, port, log_path, startup_timeout_s, env=vllm_environment()) as url:
@@ -229,6 +239,9 @@ VLLM_MAX_MEMORY_SHARE = 0.9
 VLLM_MEMORY_MARGIN_BYTES = 2 * 2**30
 
 
+VLLM_LENGTH_MARGIN = 64  # --max-model-len past the longest request: a random prompt can re-tokenize longer
+
+
 def vllm_grid_missing_reason(profile) -> str | None:
     """Why week 03 does not run vLLM's grid for `profile`, or None when it does."""
     if profile.name not in GRID_PROFILES:
@@ -250,6 +263,18 @@ def gpu_memory_share(free_bytes: int, total_bytes: int) -> float:
     return min(share, VLLM_MAX_MEMORY_SHARE)
 
 
+def cuda_memory_share() -> float | None:
+    """--gpu-memory-utilization for a vLLM started now on this machine's GPU, beside whatever holds it
+    already (this process's allocator first hands back its cached, unused blocks); None without CUDA,
+    where the CPU build's cache is capped by VLLM_CPU_KVCACHE_SPACE instead."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+    torch.cuda.empty_cache()
+    return gpu_memory_share(*torch.cuda.mem_get_info())
+
+
 def vllm_commands(
     profile,
     model_id: str,
@@ -263,7 +288,8 @@ def vllm_commands(
     The completions endpoint (`--backend openai`) sends the prompt as is: the chat endpoint
     would wrap it in a chat template and add tokens, so the input would no longer be exact.
     `--ignore-eos` and `--random-range-ratio 0` make every request exactly input/output long.
-    `gpu_memory_utilization` (see gpu_memory_share) is left to vLLM's default when None."""
+    The server listens on the loopback address only, and its context has VLLM_LENGTH_MARGIN tokens
+    to spare. `gpu_memory_utilization` (see gpu_memory_share) is left to vLLM's default when None."""
     grid, dtype = profile.grid, dtype_name(profile.dtype)
     serve = [
         "vllm",
@@ -271,12 +297,14 @@ def vllm_commands(
         model_id,
         "--dtype",
         dtype,
+        "--host",
+        LOOPBACK,
         "--port",
         str(port),
         "--seed",
         "0",
         "--max-model-len",
-        str(max(grid.input_lens) + max(grid.output_lens)),
+        str(max(grid.input_lens) + max(grid.output_lens) + VLLM_LENGTH_MARGIN),
     ]
     if gpu_memory_utilization is not None:
         serve += ["--gpu-memory-utilization", f"{gpu_memory_utilization:.2f}"]
@@ -290,7 +318,7 @@ def vllm_commands(
                 "--backend",
                 "openai",
                 "--base-url",
-                f"http://127.0.0.1:{port}",
+                f"http://{LOOPBACK}:{port}",
                 "--endpoint",
                 "/v1/completions",
                 "--model",
@@ -327,18 +355,24 @@ def vllm_executable() -> str | None:
 
 
 def run_vllm_grid(
-    profile, model_id: str, result_dir: str = "results/vllm", port: int = 8000, startup_timeout_s: float = 900.0
+    profile,
+    model_id: str,
+    result_dir: str = "results/vllm",
+    port: int | None = None,
+    startup_timeout_s: float = 900.0,
 ) -> list[str]:
     """Start `vllm serve`, wait until it answers /health, run every `vllm bench serve` of the grid,
     stop the server. Returns the result files. The server's log goes to <result_dir>/server.log:
     keep it, it shows the KV cache size and any preemption.
 
     This process keeps its model on the GPU, so it first hands its allocator's cached, unused
-    blocks back to the driver, then lets vLLM claim only what is free (gpu_memory_share)."""
+    blocks back to the driver, then lets vLLM claim only what is free (gpu_memory_share). `port`:
+    a free one unless given (another server on a fixed port would answer /health in vLLM's place)."""
     import torch
 
     torch.cuda.empty_cache()
     share = gpu_memory_share(*torch.cuda.mem_get_info())
+    port = port or free_port()
     serve, benches = vllm_commands(profile, model_id, result_dir, port, gpu_memory_utilization=share)
     vllm = vllm_executable()
     with server_process([vllm, *serve[1:]], port, Path(result_dir) / "server.log", startup_timeout_s):

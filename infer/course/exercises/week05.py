@@ -21,6 +21,7 @@ as calls); at grading, both also run traces and requests no student saw.
 import numbers
 import random
 
+from infer import hf
 from infer.course.checks import (
     LibraryCalls,
     Verdict,
@@ -298,7 +299,7 @@ STEP_ENGINES = (
 
 
 def grade_step_forward(student_step, model=None, requests: int = 8) -> Verdict:
-    """`model` (default: the check's own, the profile's model as the course's Transformer) is for tests."""
+    """`model` (default: the check's own, the profile's model in float32 as the course's Transformer) is for tests."""
     qid = STEP_QID
     if not callable(student_step):
         return Verdict(
@@ -307,7 +308,9 @@ def grade_step_forward(student_step, model=None, requests: int = 8) -> Verdict:
     borrowed = library_verdict(qid, student_step)
     if borrowed:
         return borrowed
-    model = model if model is not None else Transformer.from_hf(own_model())
+    # float32: the student's step attends through PerSequenceKV, the library's engine through PagedKV;
+    # on CUDA those are two different kernels, which in bf16 round differently and can flip a near-tie
+    model = model if model is not None else Transformer.from_hf(hf.float32_copy(own_model()))
     forwards = 0
     for rng in case_rngs(qid):
         for name, settings in STEP_ENGINES:
