@@ -3,8 +3,8 @@ the clients hanging up mid-stream, on the default store and on a paged pool smal
 preempt, with prefix caching over shared system prompts. No request gets a 5xx; every request that
 was not abandoned completes with all its tokens; the abort counter equals the hang-ups; afterwards
 /metrics shows nothing running, waiting, held or open (no request or block leaked), and a new
-request is served. It runs in the serial phase of `make test`: its time limit assumes a machine
-to itself."""
+request is served. It runs in the serial phase of `make test`, alone: its clients give up after
+LIMIT_S, which a busy machine could reach."""
 
 import asyncio
 import random
@@ -22,16 +22,19 @@ pytestmark = pytest.mark.serial
 STREAMS = 32
 REQUESTS = 64
 OUTPUT_LEN = 32
-LIMIT_S = 60.0  # each configuration's run, server start included, stays under this
+# A client that leaves after a few chunks leaves its request far from done, so the server must abort
+# it: with a short answer the engine could finish it before the disconnect reached the server.
+HANG_UP_OUTPUT_LEN = 192
+LIMIT_S = 60.0  # the clients give up after this: a hung server fails the test instead of stalling it
 SETTINGS = {
     # 32 streams > 16 slots: some wait
-    "slots": EngineSettings(max_num_seqs=16, max_num_batched_tokens=1024, max_model_len=256),
-    # 16 sequences of up to 104 tokens want 112 blocks of 16; 48 make them preempt
+    "slots": EngineSettings(max_num_seqs=16, max_num_batched_tokens=1024, max_model_len=512),
+    # 16 sequences of up to 264 tokens want up to 272 blocks of 16; 48 make them preempt
     "small paged pool": EngineSettings(
         policy="continuous",
         max_num_seqs=16,
         max_num_batched_tokens=256,
-        max_model_len=256,
+        max_model_len=512,
         kv_store="paged",
         num_kv_blocks=48,
         enable_prefix_caching=True,
@@ -101,10 +104,10 @@ def leftovers(http: httpx.Client) -> tuple[list[str], dict]:
 
 @pytest.mark.parametrize("store", SETTINGS)
 def test_streams_with_disconnects_leave_no_failure_and_no_leaked_request_or_block(tiny, store):
-    started = time.monotonic()
     rng = random.Random(0)
     requests = workload(tiny, rng)
     hang_ups = {i: rng.randint(1, 4) for i in rng.sample(range(REQUESTS), REQUESTS // 4)}
+    requests = [BenchRequest(r.prompt_ids, HANG_UP_OUTPUT_LEN) if i in hang_ups else r for i, r in enumerate(requests)]
     with start_server(tiny, SETTINGS[store]) as server:
         records = asyncio.run(load(server.url, requests, hang_ups))
         with httpx.Client(base_url=server.url, timeout=10) as http:
@@ -114,7 +117,7 @@ def test_streams_with_disconnects_leave_no_failure_and_no_leaked_request_or_bloc
                 for name, labels, value in metric_samples(http.get("/metrics").text)
                 if name == "infer:request_success_total" and labels["finished_reason"] == "abort"
             )
-            over_limit = http.post("/v1/completions", json={"prompt": [5] * 200, "max_tokens": 100})
+            over_limit = http.post("/v1/completions", json={"prompt": [5] * 400, "max_tokens": 200})
             after = http.post("/v1/completions", json={"prompt": [5] * 16, "max_tokens": 8, "ignore_eos": True})
             assert http.get("/health").status_code == 200
     assert not busy, f"leaked: {busy} still non-zero after every client left ({gauges})"
@@ -130,4 +133,3 @@ def test_streams_with_disconnects_leave_no_failure_and_no_leaked_request_or_bloc
         assert gauges["infer:prefix_cache_hit_rate"] > 0, "the shared system prompts were never found in the cache"
     assert over_limit.status_code == 400 and "context length" in over_limit.json()["error"]["message"]
     assert after.status_code == 200 and after.json()["usage"]["completion_tokens"] == 8
-    assert time.monotonic() - started < LIMIT_S
