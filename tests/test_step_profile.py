@@ -25,6 +25,7 @@ from infer.model import Transformer
         ("aten::copy_", "copies and layout"),
         ("aten::silu", "norms and activations"),
         ("aten::rsqrt", "norms and activations"),
+        ("aten::tril", OTHER),  # a mask, not a layout change: no group claims it by a prefix
         ("aten::something_new", OTHER),
     ],
 )

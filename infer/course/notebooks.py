@@ -49,17 +49,21 @@ NOTEBOOK_FAILURES = (CellExecutionError, CellTimeoutError, DeadKernelError)
 PROGRESS_BAR = re.compile(r"\d+/\d+ \[\d+:\d+<")
 
 
+def output_text(cell) -> str:
+    """What a code cell printed or showed as text when it was last run: its streams, and the plain
+    text and markdown of its displays, one output a line."""
+    pieces = []
+    for output in cell.get("outputs", []):
+        if output.get("output_type") == "stream":
+            pieces.append(output.get("text", ""))
+        for kind in ("text/plain", "text/markdown"):
+            pieces.append(output.get("data", {}).get(kind, ""))
+    return "\n".join(p if isinstance(p, str) else "".join(p) for p in pieces if p)
+
+
 def shows_progress(cell) -> bool:
     """Did the cell show a progress bar (tqdm) when it was last run?"""
-    for output in cell.get("outputs", []):
-        text = (
-            output.get("text", "")
-            if output.get("output_type") == "stream"
-            else output.get("data", {}).get("text/plain", "")
-        )
-        if PROGRESS_BAR.search(text if isinstance(text, str) else "".join(text)):
-            return True
-    return False
+    return bool(PROGRESS_BAR.search(output_text(cell)))
 
 
 @dataclass(frozen=True)

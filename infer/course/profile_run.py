@@ -22,7 +22,7 @@ from pathlib import Path
 import nbformat
 
 from infer import STRICT_DEVICES_ENV_VAR
-from infer.course.notebooks import CELL_TIMEOUT_S, CellFailed, execute, shown_path, write_notebook
+from infer.course.notebooks import CELL_TIMEOUT_S, CellFailed, execute, output_text, shown_path, write_notebook
 from infer.metrics import RESULTS_ENV_VAR
 from infer.models import WEIGHTS_ENV_VAR
 from infer.paths import REPO_ROOT
@@ -131,15 +131,7 @@ def write_summary(out_dir: Path, header: list[str], lines: list[str]) -> Path:
 
 
 def _output_text(path: Path) -> str:
-    notebook = nbformat.read(path, as_version=4)
-    pieces = []
-    for cell in notebook.cells:
-        for output in cell.get("outputs", []):
-            if output.get("output_type") == "stream":
-                pieces.append(output.get("text", ""))
-            elif "data" in output and "text/plain" in output["data"]:
-                pieces.append(output["data"]["text/plain"])
-    return "\n".join(pieces)
+    return "\n".join(output_text(cell) for cell in nbformat.read(path, as_version=4).cells)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -28,6 +28,7 @@ from pathlib import Path
 
 import nbformat
 
+from infer.course.notebooks import output_text
 from infer.paths import REPO_ROOT
 
 UNITS = r"ms|s|tok/s|req/s|x|×|%|GB/s|TB/s|GFLOP/s|TFLOP/s|FLOP/byte|MiB|GiB|KiB|MB|GB|KB|TB|GFLOP|TFLOP|µs|us"
@@ -97,16 +98,6 @@ def json_numbers(node) -> set[float]:
     if isinstance(node, list) and len(node) <= LONGEST_LIST:
         return set().union(*(json_numbers(v) for v in node)) if node else set()
     return set()
-
-
-def output_text(cell) -> str:
-    parts = []
-    for output in cell.get("outputs", []):
-        if "text" in output:
-            parts.append(output["text"])
-        for kind in ("text/plain", "text/markdown"):
-            parts.append(output.get("data", {}).get(kind, ""))
-    return "\n".join(parts)
 
 
 def results_read_by(source: str, results_dir: Path) -> set[Path]:

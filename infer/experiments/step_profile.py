@@ -59,7 +59,6 @@ GROUPS = (
             "transpose",
             "as_strided",
             "aten::slice",
-            "aten::t",
             "unsqueeze",
             "expand",
             "aten::select",
