@@ -37,10 +37,10 @@ site-instructor: site
 # For authors: re-execute the committed notebooks in place, then regenerate the labs.
 notebooks: $(INSTALLED)
 	$(PY) -m infer.course.notebooks run weeks/*.ipynb solutions/*.ipynb
-	$(PY) -m infer.course.labgen
+	$(PY) -m infer.course.grading.labgen
 
 labs: $(INSTALLED)
-	$(PY) -m infer.course.labgen
+	$(PY) -m infer.course.grading.labgen
 
 # JupyterLab for a remote machine: no browser; it listens on LAB_IP:LAB_PORT and prints the URL
 # with its token (reach it from a laptop through an SSH tunnel, see README.md). GPU clouds often
@@ -109,7 +109,7 @@ serve: $(INSTALLED)
 JOBS ?= 2
 grade: $(INSTALLED)
 	@test -n "$(LAB)" -a -n "$(SUBMISSIONS)" || { echo "usage: make grade LAB=02 SUBMISSIONS=folder [JOBS=4]"; exit 2; }
-	$(PY) -m infer.course.grader $(LAB) "$(SUBMISSIONS)" -j $(JOBS)
+	$(PY) -m infer.course.grading.grader $(LAB) "$(SUBMISSIONS)" -j $(JOBS)
 
 clean:
 	rm -rf $(BUILD)

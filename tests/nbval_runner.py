@@ -14,7 +14,7 @@ from pathlib import Path
 
 import nbformat
 
-from infer.course.labgen import replace_solution_blocks
+from infer.course.grading.labgen import replace_solution_blocks
 from tests.notebook_files import REPO_ROOT
 
 NBVAL_ARGS = [

@@ -1,11 +1,11 @@
 """Ways a student hands in a course-library function as their own, for the tests that show each
 lab check refusing them (tests/test_exercises_week0N.py). Every wrapper ends in a call of the
-library function, which is what the checks watch (infer.course.checks.LibraryCalls)."""
+library function, which is what the checks watch (infer.course.grading.checks.LibraryCalls)."""
 
 import functools
 import sys
 
-from infer.course.checks import library_origin
+from infer.course.grading.checks import library_origin
 
 
 def wrapped_function(function, kind: str):

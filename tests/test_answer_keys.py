@@ -7,8 +7,8 @@ import re
 import nbformat
 import pytest
 
-from infer.course.answer_keys.build import CHECK_CALL, KEYS_DIR, rebuilt_keys
-from infer.course.checks import grade_answer, key_interval, load_key, tolerance_statement
+from infer.course.grading.answer_keys.build import CHECK_CALL, KEYS_DIR, rebuilt_keys
+from infer.course.grading.checks import grade_answer, key_interval, load_key, tolerance_statement
 from tests.notebook_files import REPO_ROOT
 
 WEEKS = sorted(path.stem for path in KEYS_DIR.glob("*.json"))
@@ -17,7 +17,7 @@ WEEKS = sorted(path.stem for path in KEYS_DIR.glob("*.json"))
 @pytest.mark.parametrize("week", WEEKS)
 def test_keys_are_rebuilt_from_the_solutions(week):
     shipped = json.loads((KEYS_DIR / f"{week}.json").read_text())
-    assert shipped == rebuilt_keys(week), f"{week}.json is stale: run `python -m infer.course.answer_keys.build`"
+    assert shipped == rebuilt_keys(week), f"{week}.json is stale: run `python -m infer.course.grading.answer_keys.build`"
 
 
 def _question_texts(week: str) -> dict[str, str]:

@@ -14,7 +14,7 @@ from transformers import GenerationConfig
 
 from infer import hf
 from infer.attention import SoftmaxState, block_state
-from infer.course.exercises import week01, week02, week03, week04
+from infer.course.grading.exercises import week01, week02, week03, week04
 from infer.kv_cache import KVCache
 from infer.metrics import request_latencies_ms
 
@@ -382,10 +382,10 @@ def test_each_lab_introduction_names_what_it_refuses_and_what_it_gives(week):
 
     import nbformat
 
-    from infer.course.checks import library_origin
+    from infer.course.grading.checks import library_origin
     from tests.notebook_files import REPO_ROOT
 
-    module = importlib.import_module(f"infer.course.exercises.week{week}")
+    module = importlib.import_module(f"infer.course.grading.exercises.week{week}")
     (solution,) = (REPO_ROOT / "solutions").glob(f"{week}_*.ipynb")
     introduction = nbformat.read(solution, as_version=4).cells[0].source
     introduction = " ".join(introduction.split())
@@ -399,7 +399,7 @@ def test_each_lab_introduction_names_what_it_refuses_and_what_it_gives(week):
 
 
 def _honest_checks(tiny):
-    from infer.course.exercises import week05, week07
+    from infer.course.grading.exercises import week05, week07
     from infer.model import Transformer
     from tests.test_exercises_week02 import honest_concurrency
     from tests.test_exercises_week03 import goodput, metrics
@@ -430,7 +430,7 @@ def _honest_checks(tiny):
 def test_an_honest_function_prints_the_same_line_at_home_and_at_grading(tiny, monkeypatch):
     """The grader compares each check's line with the solution's, run at home: the cases nobody saw
     must not change a passing line (a count of cases in it, say)."""
-    from infer.course.checks import GRADING_SALT_ENV
+    from infer.course.grading.checks import GRADING_SALT_ENV
 
     monkeypatch.delenv(GRADING_SALT_ENV, raising=False)
     at_home = [grade() for grade in _honest_checks(tiny)]

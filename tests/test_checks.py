@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 import torch
 
-from infer.course import checks
-from infer.course.checks import (
+from infer.course.grading import checks
+from infer.course.grading.checks import (
     Case,
     OpWatch,
     close_to,
@@ -222,7 +222,7 @@ def test_a_copy_of_a_library_class_is_named_as_the_class_it_copies():
 
 
 def test_library_calls_watch_a_class_through_any_wrapper():
-    from infer.course.checks import LibraryCalls
+    from infer.course.grading.checks import LibraryCalls
     from infer.kv_cache import KVCache
 
     class Proxy:
@@ -246,7 +246,7 @@ def test_library_calls_watch_a_class_through_any_wrapper():
 
 
 def test_grading_adds_cases_nobody_saw(monkeypatch):
-    from infer.course.checks import GRADING_SALT_ENV, case_rngs
+    from infer.course.grading.checks import GRADING_SALT_ENV, case_rngs
 
     monkeypatch.delenv(GRADING_SALT_ENV, raising=False)
     (home,) = case_rngs("99.f")
@@ -286,7 +286,7 @@ def test_a_refused_call_is_named_even_when_it_raises():
 
 
 def test_whole_numbers_are_printed_whole():
-    from infer.course.checks import distinct_pair
+    from infer.course.grading.checks import distinct_pair
 
     assert distinct_pair(65536.0, 131072) == ("65536", "131072")
     assert distinct_pair(2097152, 68719476736.0) == ("2097152", "68719476736")

@@ -7,8 +7,8 @@ import math
 
 import pytest
 
-from infer.course.checks import grade_answer
-from infer.course.exercises.week06 import grade_best_budget, grade_chunked_decision
+from infer.course.grading.checks import grade_answer
+from infer.course.grading.exercises.week06 import grade_best_budget, grade_chunked_decision
 from infer.engine.scheduler import chunked_token_counts
 
 # ---------------------------------------------------------------- the chunked decision
@@ -193,7 +193,7 @@ def _meets_slo_wrapper(records, slo_ms):
 
 
 def _reference_wrapper(records, slo_ms):
-    from infer.course.exercises import week06
+    from infer.course.grading.exercises import week06
 
     return getattr(week06, "reference_best_budget")(records, slo_ms)  # noqa: B009 - a getattr ends in a call too
 
@@ -203,7 +203,7 @@ def _reference_wrapper(records, slo_ms):
     [
         (_best_budget_wrapper, "infer.experiments.chunked_prefill.best_budget"),
         (_meets_slo_wrapper, "infer.metrics.meets_slo"),
-        (_reference_wrapper, "infer.course.exercises.week06.reference_best_budget"),
+        (_reference_wrapper, "infer.course.grading.exercises.week06.reference_best_budget"),
     ],
     ids=["best_budget", "meets_slo", "the check's reference"],
 )

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from infer import hf
-from infer.course.checks import GRADING_SALT_ENV, Verdict
-from infer.course.exercises import week01
+from infer.course.grading.checks import GRADING_SALT_ENV, Verdict
+from infer.course.grading.exercises import week01
 from infer.experiments.prefill_decode import token_gaps_ms, ttft_and_tpot_ms
 from infer.generate import cached_greedy_generate, naive_greedy_generate
 from infer.kv_cache import KVCache

@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from infer import hf, memory
-from infer.course.checks import GRADING_SALT_ENV, LibraryCalls
-from infer.course.exercises import week02
-from infer.course.exercises.week02 import _write_past_capacity
+from infer.course.grading.checks import GRADING_SALT_ENV, LibraryCalls
+from infer.course.grading.exercises import week02
+from infer.course.grading.exercises.week02 import _write_past_capacity
 from infer.engine import Engine, SamplingParams
 from infer.generate import cached_greedy_generate, naive_greedy_generate
 from infer.kv_cache import ConcatKVCache, KVCache

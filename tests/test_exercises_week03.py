@@ -5,8 +5,8 @@ integers are counts; at grading, a hard-coded answer meets runs it never saw."""
 import numpy as np
 import pytest
 
-from infer.course.checks import GRADING_SALT_ENV
-from infer.course.exercises import week03
+from infer.course.grading.checks import GRADING_SALT_ENV
+from infer.course.grading.exercises import week03
 from infer.experiments.prefill_decode import token_gaps_ms, ttft_and_tpot_ms
 from infer.metrics import (
     RequestLatencies,
@@ -253,7 +253,7 @@ def test_a_hard_coded_answer_passes_at_home_and_fails_at_grading(monkeypatch):
 
 
 def test_q2_takes_both_edges_of_its_tolerance():
-    from infer.course.checks import grade_answer
+    from infer.course.grading.checks import grade_answer
 
     for edge in (50 * 1.01, 50 * 0.99, 50.5, 49.5):
         assert grade_answer("03.q2", edge).ok, edge

@@ -20,8 +20,8 @@ from infer.attention import (
 )
 from infer.attention_io import score_matrix_bytes
 from infer.attention_triton import triton_attention
-from infer.course.checks import GRADING_SALT_ENV
-from infer.course.exercises import week04
+from infer.course.grading.checks import GRADING_SALT_ENV
+from infer.course.grading.exercises import week04
 from infer.paged_attention import causal_attention
 from tests.refusals import FUNCTION_WRAPPERS, assert_refused, wrapped_function
 from tests.test_check_shortcuts import merge, tiled

@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 import torch
 
-from infer.course.checks import GRADING_SALT_ENV, grade_answer
-from infer.course.exercises import week05
-from infer.course.exercises.week05 import KNOWN_MISTAKES, grade_admission, grade_step_forward
+from infer.course.grading.checks import GRADING_SALT_ENV, grade_answer
+from infer.course.grading.exercises import week05
+from infer.course.grading.exercises.week05 import KNOWN_MISTAKES, grade_admission, grade_step_forward
 from infer.engine import Engine
 from infer.engine.model_runner import ModelRunner, flatten, step_runs
 from infer.engine.scheduler import admit_continuous, admit_static, chunked_token_counts

@@ -4,8 +4,8 @@ hard-coded answer meets streams it never saw."""
 
 import pytest
 
-from infer.course.checks import GRADING_SALT_ENV
-from infer.course.exercises import week07
+from infer.course.grading.checks import GRADING_SALT_ENV
+from infer.course.grading.exercises import week07
 from infer.metrics import calculate_metrics, request_latencies_ms
 from infer.records import RequestRecord
 from infer.serve.client import detailed_fields, parse_sse_line, stream_record

@@ -8,9 +8,9 @@ from collections import deque
 
 import pytest
 
-from infer.course.checks import GRADING_SALT_ENV
-from infer.course.exercises import week08
-from infer.course.exercises.week08 import (
+from infer.course.grading.checks import GRADING_SALT_ENV
+from infer.course.grading.exercises import week08
+from infer.course.grading.exercises.week08 import (
     grade_allocator,
     grade_block_names,
     grade_cached_prefix,
@@ -428,7 +428,7 @@ def test_the_library_helpers_are_refused_in_the_chain():
     verdict = grade_cached_prefix(
         lambda tokens, cache, size: week08.reference_cached_prefix(tokens, cache, size, block_name), block_name
     )
-    assert not verdict.ok and "infer.course.exercises.week08.reference_cached_prefix" in verdict.reason
+    assert not verdict.ok and "infer.course.grading.exercises.week08.reference_cached_prefix" in verdict.reason
 
 
 def test_the_reference_prefix_is_the_library_stores():

@@ -11,7 +11,7 @@ import torch
 
 from infer import hf, memory
 from infer.attention import IMPLEMENTATIONS, check_exactness
-from infer.course.exercises.week01 import grade_naive_loop
+from infer.course.grading.exercises.week01 import grade_naive_loop
 from infer.experiments.attention_bench import SweepConfig, peak_bytes, predicted_naive_bytes
 from infer.generate import naive_greedy_generate
 from infer.kv_cache import KVCache

@@ -189,7 +189,7 @@ def test_week03_prints_the_vllm_command_with_the_free_share():
 def test_week05_step_check_compares_tokens_in_float32(monkeypatch, tiny):
     """F8: the student's step (PerSequenceKV) and the library's engine (PagedKV) use different CUDA
     attention kernels; in bf16 a greedy near-tie can flip and fail a correct solution."""
-    from infer.course.exercises import week05
+    from infer.course.grading.exercises import week05
 
     seen = []
     monkeypatch.setattr(week05, "own_model", lambda: copy.deepcopy(tiny.model).to(torch.bfloat16))

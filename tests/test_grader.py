@@ -14,7 +14,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from infer.course.grader import (
+from infer.course.grading.grader import (
     GRADED,
     KERNEL_DIED,
     NOT_A_NOTEBOOK,
@@ -33,7 +33,7 @@ from infer.course.grader import (
     student_part,
     trusted_part,
 )
-from infer.course.labgen import HINT, replace_solution_blocks
+from infer.course.grading.labgen import HINT, replace_solution_blocks
 
 LAB_02, SOLUTION_02 = find_lab("02")
 CORPUS_LIMITS = Limits(cell_s=300, notebook_s=900)  # never reached by a correct notebook
@@ -134,7 +134,7 @@ def test_every_check_cell_imports_the_checks_afresh():
         assert check.source.startswith("# NBVAL_CHECK_OUTPUT\n")
         assert "del _grader_sys.modules[_grader_module]" in check.source
         assert "from infer.course." in check.source
-    assert fresh_import_source("print(1)", {"check_answer": "infer.course.checks"}) == ""
+    assert fresh_import_source("print(1)", {"check_answer": "infer.course.grading.checks"}) == ""
 
 
 def test_added_cells_run_where_the_student_put_them():
@@ -212,7 +212,7 @@ def corpus_02(folder: Path) -> None:
     tamper.cells.insert(
         position + 1,
         nbformat.v4.new_code_cell(
-            "import infer.course.checks as checks_module\n"
+            "import infer.course.grading.checks as checks_module\n"
             f"FORGED = {forged!r}\n"
             "class Verdict:\n"
             "    def __init__(self, qid, *args):\n"
@@ -389,7 +389,7 @@ def sandboxed_01(tmp_path_factory):
     import socket
     import threading
 
-    from infer.course.exercises.week01 import grade_intensity
+    from infer.course.grading.exercises.week01 import grade_intensity
 
     folder = tmp_path_factory.mktemp("submissions_01")
     home = tmp_path_factory.mktemp("instructor_home")
@@ -464,7 +464,7 @@ def sandboxed_01(tmp_path_factory):
 
 
 def test_each_hostile_submission_gets_its_row_with_a_reason_and_the_others_grade(sandboxed_01):
-    from infer.course.sandbox import choose_mode, default_hidden, default_shown
+    from infer.course.grading.sandbox import choose_mode, default_hidden, default_shown
 
     folder, rows, connections, _ = sandboxed_01
     key = load_key(*find_lab("01"))
@@ -503,7 +503,7 @@ def test_a_hard_coded_answer_passes_at_home_and_fails_under_the_grader(sandboxed
 def test_threads_home_and_skipped_cells(sandboxed_01):
     import os
 
-    from infer.course.grader import default_threads
+    from infer.course.grading.grader import default_threads
 
     folder, rows, _, _ = sandboxed_01
     ran = nbformat.read(folder / "graded" / "honest.ipynb", as_version=4)

@@ -1,7 +1,7 @@
 import nbformat
 import pytest
 
-from infer.course.labgen import SolutionMarkupError, make_lab, stub_source
+from infer.course.grading.labgen import SolutionMarkupError, make_lab, stub_source
 from tests.notebook_files import REPO_ROOT, lab_and_solution_pairs
 
 FUNCTION_SOLUTION = """def add_one(x):

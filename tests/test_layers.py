@@ -79,7 +79,7 @@ def test_no_import_circle():
 
 def test_the_layer_test_sees_an_upward_import(tmp_path):
     module = tmp_path / "probe.py"
-    module.write_text("def late():\n    from infer.course.checks import check_answer\n")
-    found = imported_modules(module, {"infer.course.checks"})
-    assert found == {"infer.course.checks"}, "imports inside functions must count"
-    assert LAYERS.index(layer_of("infer.course.checks")) > LAYERS.index(layer_of("infer.model"))
+    module.write_text("def late():\n    from infer.course.grading.checks import check_answer\n")
+    found = imported_modules(module, {"infer.course.grading.checks"})
+    assert found == {"infer.course.grading.checks"}, "imports inside functions must count"
+    assert LAYERS.index(layer_of("infer.course.grading.checks")) > LAYERS.index(layer_of("infer.model"))

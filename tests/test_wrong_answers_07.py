@@ -3,7 +3,7 @@ it; deliberately wrong answers, substituted into the solution, fail exactly thei
 
 import pytest
 
-from infer.course.exercises.week07 import grade_stream_timing
+from infer.course.grading.exercises.week07 import grade_stream_timing
 from infer.serve.client import parse_sse_line
 from tests.nbval_runner import assert_only_mistaken_checks_fail
 from tests.notebook_files import REPO_ROOT
@@ -87,7 +87,7 @@ def test_each_shortcut_fails_with_its_name(shortcut, named):
 
 
 def test_a_right_answer_passes_and_the_librarys_is_refused():
-    from infer.course.exercises.week07 import reference_timing
+    from infer.course.grading.exercises.week07 import reference_timing
 
     right = lambda send_time, events: timing_of(  # noqa: E731
         send_time,

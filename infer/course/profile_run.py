@@ -33,7 +33,7 @@ NOTEBOOK_FOLDERS = ("weeks", "solutions")  # labs/ are generated from solutions/
 # A notebook says that a GPU-only piece did not run with one printed line: "Skipped: ...",
 # "skipped flash-attn: ...", "... Triton kernel skips (it needs a CUDA GPU)".
 SKIP_LINE = re.compile(r"^\s*skipped\b|\bskips?\b", re.IGNORECASE)
-FAILED_CHECK = "❌"  # how a check line starts when it fails (infer.course.checks): the notebook failed too
+FAILED_CHECK = "❌"  # how a check line starts when it fails (infer.course.grading.checks): the notebook failed too
 
 
 def course_notebooks(root: Path = REPO_ROOT) -> list[Path]:

@@ -9,7 +9,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from infer import hf
-from infer.course.checks import Verdict
+from infer.course.grading.checks import Verdict
 from infer.generate import naive_greedy_generate
 from infer.models import load_model
 from infer.profiles import pick_profile

@@ -1,6 +1,6 @@
 """Grade a folder of lab submissions with one command and no server.
 
-    python -m infer.course.grader 02 submissions/ -j 4       # what `make grade` runs
+    python -m infer.course.grading.grader 02 submissions/ -j 4       # what `make grade` runs
 
 Every `<student>.ipynb` in the folder is graded (the file stem is the student id), and two files
 are written beside the submissions:
@@ -35,13 +35,13 @@ that student's run: the checks not yet run earn nothing, and the status and reas
 that student's one row, and a student with no notebook gets a row saying so. The others are still
 graded, in parallel with -j.
 
-The sandbox (infer.course.sandbox, as far as this machine allows; the grader prints one line
+The sandbox (infer.course.grading.sandbox, as far as this machine allows; the grader prints one line
 saying what it got): the kernel starts with an environment built from nothing (HOME is its own
 folder), without network but its own loopback, unable to see the homes, /tmp, the other
 submissions or the solutions, with memory, CPU-time and file-size limits of its own, and with
 cores / jobs threads (so that parallel kernels do not fight over the cores). The checks build
 their own models and inputs; at grading they also run cases no student saw (a salt, new for each
-run and written into gradebook.json, seeds them: infer.course.checks.case_rngs), so code written
+run and written into gradebook.json, seeds them: infer.course.grading.checks.case_rngs), so code written
 to the cases a student saw at home fails. Cells the solution marks `"grade": {"skip": why}` only
 measure: they are not run at grading, so that time never costs a point.
 
@@ -75,9 +75,9 @@ from nbclient import NotebookClient
 from nbclient.exceptions import CellTimeoutError, DeadKernelError
 from tqdm import tqdm
 
-from infer.course import sandbox
-from infer.course.checks import GRADING_SALT_ENV
-from infer.course.labgen import CHECK_MARK, END
+from infer.course.grading import sandbox
+from infer.course.grading.checks import GRADING_SALT_ENV
+from infer.course.grading.labgen import CHECK_MARK, END
 from infer.course.notebooks import poll_in_slices
 from infer.paths import REPO_ROOT
 
@@ -355,7 +355,7 @@ class Session:
     """What one grading run's submissions share: the sandbox, the seed of unseen cases, the
     limits each kernel gets, and the folder that holds each submission's own folder."""
 
-    mode: str  # infer.course.sandbox's mode: "nobody", "userns" or "plain"
+    mode: str  # infer.course.grading.sandbox's mode: "nobody", "userns" or "plain"
     sandbox_line: str  # what the grader prints about it
     root: str
     salt: str | None = None
@@ -437,7 +437,7 @@ class GradingClient(NotebookClient):
 
 
 class SandboxedKernelManager(AsyncKernelManager):
-    """jupyter_client's kernel manager, starting the kernel through infer.course.sandbox's
+    """jupyter_client's kernel manager, starting the kernel through infer.course.grading.sandbox's
     launcher (`launcher`: its command prefix) and talking to it over Unix sockets in the kernel's
     own folder, which need no network: the kernel may live in a network namespace of its own."""
 

@@ -17,7 +17,7 @@ import json
 import math
 import time
 
-from infer.course.checks import Case, Verdict, as_number, case_rngs, distinct_pair, grade_function
+from infer.course.grading.checks import Case, Verdict, as_number, case_rngs, distinct_pair, grade_function
 from infer.metrics import calculate_metrics, request_latencies_ms, results_dir
 from infer.paths import REPO_ROOT
 from infer.serve.client import detailed_fields, parse_sse_line, stream_record

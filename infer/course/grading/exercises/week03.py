@@ -15,7 +15,7 @@ import math
 import numbers
 import random
 
-from infer.course.checks import Case, Verdict, as_number, case_rngs, distinct_pair, grade_function
+from infer.course.grading.checks import Case, Verdict, as_number, case_rngs, distinct_pair, grade_function
 from infer.experiments.prefill_decode import token_gaps_ms, ttft_and_tpot_ms
 from infer.metrics import (
     benchmark_duration_s,

@@ -22,7 +22,7 @@ import numbers
 import random
 
 from infer import hf
-from infer.course.checks import (
+from infer.course.grading.checks import (
     LibraryCalls,
     Verdict,
     case_rngs,

@@ -16,7 +16,7 @@ import random
 import torch
 
 from infer import hf, memory
-from infer.course.checks import (
+from infer.course.grading.checks import (
     Case,
     LibraryCalls,
     OpWatch,

@@ -25,7 +25,7 @@ from infer.attention import (
 )
 from infer.attention_io import score_matrix_bytes
 from infer.attention_triton import triton_attention
-from infer.course.checks import Case, OpWatch, Verdict, case_rngs, close_to, grade_function, torch_generator
+from infer.course.grading.checks import Case, OpWatch, Verdict, case_rngs, close_to, grade_function, torch_generator
 from infer.paged_attention import causal_attention
 
 MERGE_QID, TILED_QID, BYTES_QID = "04.lab.merge", "04.lab.tiled", "04.lab.score_bytes"

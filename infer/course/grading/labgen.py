@@ -10,8 +10,8 @@ them by id and marker, and restores their expected lines from the solution. Ever
 execution count is cleared, check cells' included, so the lab opens clean: no ✅ under
 `answer_q1 = None` before the student has run anything.
 
-    python -m infer.course.labgen            # regenerate every lab
-    python -m infer.course.labgen --check    # exit 1 if any lab is stale
+    python -m infer.course.grading.labgen            # regenerate every lab
+    python -m infer.course.grading.labgen --check    # exit 1 if any lab is stale
 """
 
 import argparse

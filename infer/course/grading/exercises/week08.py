@@ -34,7 +34,7 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from infer.course.checks import LibraryCalls, Verdict, case_rngs, library_origin, library_verdict
+from infer.course.grading.checks import LibraryCalls, Verdict, case_rngs, library_origin, library_verdict
 from infer.engine.paged_kv_store import PagedKVStore
 from infer.engine.scheduler import Scheduler
 from infer.engine.sequence import SamplingParams, Sequence

@@ -1,10 +1,10 @@
 """Rebuild the answer keys from the solutions: the solutions hold the right answers, the keys follow.
 
-Each `infer/course/answer_keys/NN.json` maps a question id to what the lab states about it
+Each `infer/course/grading/answer_keys/NN.json` maps a question id to what the lab states about it
 (`kind`, `unit`, `tolerance`: "exact" or a relative tolerance such as 0.01, `options` of a choice,
 `section`: where the lecture teaches it; for an exact count whose fraction must be rounded,
 `whole_number_rule`: the hint a fractional answer gets) plus `secret`, the concealed answer
-interval or choice (see `infer.course.checks`). Authors edit the stated fields by hand; this
+interval or choice (see `infer.course.grading.checks`). Authors edit the stated fields by hand; this
 module recomputes every `secret` by running the answer block of each check question in
 solutions/NN_*.ipynb.
 
@@ -13,8 +13,8 @@ question's text ends with `checks.tolerance_statement(tolerance)` ("*Checked exa
 "*Checked to within 1%.*"), and `section` reads `the week NN lecture, section K ("Its title")`,
 a heading of that lecture, so that a wrong answer's message sends the student to it.
 
-    python -m infer.course.answer_keys.build            # rewrite the keys
-    python -m infer.course.answer_keys.build --check    # exit 1 if a key disagrees with its solution
+    python -m infer.course.grading.answer_keys.build            # rewrite the keys
+    python -m infer.course.grading.answer_keys.build --check    # exit 1 if a key disagrees with its solution
 """
 
 import argparse
@@ -27,9 +27,9 @@ from pathlib import Path
 import nbformat
 import numpy as np
 
-from infer.course.checks import sealed_key
+from infer.course.grading.checks import sealed_key
 from infer.course.generated import write_or_report_stale
-from infer.course.labgen import BEGIN, END, REPO_ROOT
+from infer.course.grading.labgen import BEGIN, END, REPO_ROOT
 
 KEYS_DIR = Path(__file__).resolve().parent
 CHECK_CALL = re.compile(r"""check_answer\(\s*["'](?P<qid>\d\d\.q\d+)["']\s*,\s*(?P<name>\w+)\s*\)""")
@@ -83,13 +83,13 @@ def key_text(keys: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="Rebuild infer/course/answer_keys/*.json from solutions/.")
+    parser = argparse.ArgumentParser(description="Rebuild infer/course/grading/answer_keys/*.json from solutions/.")
     parser.add_argument("--check", action="store_true", help="only report stale keys; exit 1 if any")
     args = parser.parse_args(argv)
     return write_or_report_stale(
         ((path, key_text(rebuilt_keys(path.stem))) for path in sorted(KEYS_DIR.glob("*.json"))),
         args.check,
-        "python -m infer.course.answer_keys.build",
+        "python -m infer.course.grading.answer_keys.build",
     )
 
 

@@ -21,7 +21,7 @@ import time
 import torch
 
 from infer import hf
-from infer.course.checks import Case, Verdict, case_rngs, close_to, grade_function, own_model, same_tokens
+from infer.course.grading.checks import Case, Verdict, case_rngs, close_to, grade_function, own_model, same_tokens
 from infer.experiments.prefill_decode import token_gaps_ms, ttft_and_tpot_ms
 from infer.generate import cached_greedy_generate, naive_greedy_generate
 from infer.metrics import calculate_metrics, request_latencies_ms

@@ -3,7 +3,7 @@ the same line on every run for the same verdict (random cases are seeded by the 
 
 The API that labs (and week 05's engine lab) build on:
 - `check_answer(qid, answer)` / `grade_answer(qid, answer, key=None) -> Verdict`: a fixed answer,
-  a number with a unit or a choice, graded against `infer/course/answer_keys/<week>.json`.
+  a number with a unit or a choice, graded against `infer/course/grading/answer_keys/<week>.json`.
 - `check_function(qid, fn, reference, cases, compare, success)` / `grade_function(...) -> Verdict`:
   a student's function run against the library's reference on every `Case`; `compare(got,
   expected)` returns None or what differs. A function (or class, or subclass) that *is* the
@@ -23,7 +23,7 @@ for counts and round-down answers, value x (1 +- tolerance) otherwise, the toler
 states. A choice passes if it is the key's option. Intervals and choices are stored XOR-ed with a
 stream derived from the question id: out of plain sight in the repository, not secret (anyone
 can call `reveal`). Keys are rebuilt from the solutions' own answers by
-`python -m infer.course.answer_keys.build` (see that module).
+`python -m infer.course.grading.answer_keys.build` (see that module).
 """
 
 import base64
@@ -220,10 +220,10 @@ def key_interval(qid: str, key: dict) -> tuple[float, float]:
 
 def load_key(qid: str) -> dict:
     week = qid.split(".")[0]
-    path = resources.files("infer.course.answer_keys").joinpath(f"{week}.json")
+    path = resources.files("infer.course.grading.answer_keys").joinpath(f"{week}.json")
     keys = json.loads(path.read_text()) if path.is_file() else {}
     if qid not in keys:
-        raise KeyError(f"No answer key for {qid!r} in infer/course/answer_keys/{week}.json")
+        raise KeyError(f"No answer key for {qid!r} in infer/course/grading/answer_keys/{week}.json")
     return keys[qid]
 
 

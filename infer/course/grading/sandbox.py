@@ -1,8 +1,8 @@
 """The sandbox a grading kernel runs in, as far as this machine allows.
 
-    python -m infer.course.sandbox PLAN.json -- python -m ipykernel_launcher -f kernel.json
+    python -m infer.course.grading.sandbox PLAN.json -- python -m ipykernel_launcher -f kernel.json
 
-The grader (infer.course.grader) starts every submission's kernel through this launcher, with a
+The grader (infer.course.grading.grader) starts every submission's kernel through this launcher, with a
 `Plan` written into the submission's own temporary folder. What the kernel gets depends on what
 the operating system lets the grader do; `choose_mode()` tries the strongest first, runs a probe
 kernel command through it, and the grader prints one line saying which it got:
@@ -101,7 +101,7 @@ class Plan:
 
 def launcher_command(plan_path: Path) -> list[str]:
     """The prefix that starts a command in the sandbox described by `plan_path`."""
-    return [sys.executable, "-m", "infer.course.sandbox", str(plan_path), "--"]
+    return [sys.executable, "-m", "infer.course.grading.sandbox", str(plan_path), "--"]
 
 
 # ---------------------------------------------------------------- which mode works here
@@ -357,7 +357,7 @@ def launch(plan: Plan, command: list[str]) -> int:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) < 3 or argv[1] != "--":
-        print("usage: python -m infer.course.sandbox PLAN.json -- command ...", file=sys.stderr)
+        print("usage: python -m infer.course.grading.sandbox PLAN.json -- command ...", file=sys.stderr)
         return 2
     return launch(Plan.read(argv[0]), argv[2:])
 
