@@ -17,7 +17,9 @@ WEEKS = sorted(path.stem for path in KEYS_DIR.glob("*.json"))
 @pytest.mark.parametrize("week", WEEKS)
 def test_keys_are_rebuilt_from_the_solutions(week):
     shipped = json.loads((KEYS_DIR / f"{week}.json").read_text())
-    assert shipped == rebuilt_keys(week), f"{week}.json is stale: run `python -m infer.course.grading.answer_keys.build`"
+    assert shipped == rebuilt_keys(week), (
+        f"{week}.json is stale: run `python -m infer.course.grading.answer_keys.build`"
+    )
 
 
 def _question_texts(week: str) -> dict[str, str]:

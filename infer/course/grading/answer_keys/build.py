@@ -27,8 +27,8 @@ from pathlib import Path
 import nbformat
 import numpy as np
 
-from infer.course.grading.checks import sealed_key
 from infer.course.generated import write_or_report_stale
+from infer.course.grading.checks import sealed_key
 from infer.course.grading.labgen import BEGIN, END, REPO_ROOT
 
 KEYS_DIR = Path(__file__).resolve().parent

@@ -16,7 +16,15 @@ decision; for the picker, `best_budget` and the goodput and SLO functions of `in
 import math
 import random
 
-from infer.course.grading.checks import Case, Verdict, as_number, case_rng, distinct_pair, grade_function, library_verdict
+from infer.course.grading.checks import (
+    Case,
+    Verdict,
+    as_number,
+    case_rng,
+    distinct_pair,
+    grade_function,
+    library_verdict,
+)
 from infer.engine.scheduler import Chunked, chunked_token_counts
 from infer.engine.simulator import simulate
 from infer.engine.step_costs import FixedStepCost
