@@ -45,6 +45,8 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
+from infer.course.grading.wire import Remote
+
 # How to turn an answer given in another unit into the key's unit; a match means a unit slip.
 UNIT_SLIPS = {
     "ms": [("seconds", 1e3), ("microseconds", 1e-3)],
@@ -115,6 +117,8 @@ def torch_generator(rng: random.Random) -> torch.Generator:
 
 
 def _kind_of(value: Any) -> str:
+    if isinstance(value, Remote):
+        return f"a {value.remote_type}"
     if isinstance(value, str):
         return f"the string {value!r}"
     if isinstance(value, dict):
@@ -311,7 +315,10 @@ class Case:
 def library_origin(obj: Any) -> str | None:
     """The dotted name of the course library's object that `obj` is (or subclasses, or wraps with
     functools.partial, or copies with `type()`), or None when the student wrote it. A lab asks for
-    the idea written by hand: handing in `infer.kv_cache.KVCache` itself proves nothing."""
+    the idea written by hand: handing in `infer.kv_cache.KVCache` itself proves nothing. An object
+    in the student's kernel at grading (a wire.Remote) is not: the answers are not in that kernel."""
+    if isinstance(obj, Remote):
+        return None
     candidates = [getattr(obj, "func", None), getattr(obj, "__func__", None), obj]
     if isinstance(obj, type):
         candidates += list(obj.__mro__)
@@ -547,6 +554,10 @@ class OpWatch(TorchDispatchMode):
         shapes = [tuple(leaf.shape) for leaf in tree_leaves(out) if isinstance(leaf, torch.Tensor)]
         self.ops.append((func.name(), shapes))
         return out
+
+    def add_remote_ops(self, ops: list) -> None:
+        """Ops that a call across the grading boundary ran in the student's kernel (see wire.py)."""
+        self.ops += [(str(name), [tuple(int(n) for n in shape) for shape in shapes]) for name, shapes in ops]
 
     def first(self, names: Iterable[str]) -> str | None:
         """The first op run whose name contains one of `names` (e.g. "aten::cat"), or None."""

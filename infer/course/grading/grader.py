@@ -70,12 +70,14 @@ from multiprocessing import get_context
 from pathlib import Path
 
 import nbformat
+import torch
 from jupyter_client import AsyncKernelManager
 from nbclient import NotebookClient
 from nbclient.exceptions import CellTimeoutError, DeadKernelError
 from tqdm import tqdm
 
-from infer.course.grading import sandbox
+from infer.course.grading import kernel_library, sandbox
+from infer.course.grading.checker_side import SOCKET_NAME, CheckCall, CheckerSocket, CheckRun, NotACheckCall
 from infer.course.grading.checks import GRADING_SALT_ENV
 from infer.course.grading.labgen import CHECK_MARK, END
 from infer.course.notebooks import poll_in_slices
@@ -88,6 +90,14 @@ FILE_SIZE_LIMIT = 2 * 2**30
 PASSED_THROUGH = ("INFER_PROFILE", "INFER_WEIGHTS", "CUDA_VISIBLE_DEVICES", "HF_HOME")  # the course's, not secrets
 QID_IN_LINE = re.compile(r"^(?:✅|❌)\s+([^\s:]+)")
 COURSE_PACKAGE = "infer.course"
+CHECKER_SOCKET_ENV = "INFER_CHECKER_SOCKET"
+KERNEL_SIDE_CELL = (
+    f"# {CHECK_MARK}\n"
+    "# The check runs in the grader's process; this cell answers its questions.\n"
+    "import os\n"
+    "from infer.course.grading.kernel_side import answer_checker\n"
+    f"answer_checker(os.environ[{CHECKER_SOCKET_ENV!r}], globals())"
+)
 
 # Row statuses: how far the run got, apart from the score.
 GRADED, TIMED_OUT, KERNEL_DIED = "graded", "timed out", "kernel died"
@@ -105,6 +115,7 @@ class Check:
     points: float
     trusted_source: str  # the check code, rebuilt from the solution
     expected_line: str  # what the solution's executed cell printed
+    call: CheckCall  # how the checker's process makes it (checker_side)
 
 
 @dataclass(frozen=True)
@@ -119,7 +130,6 @@ class LabCell:
 class GradingKey:
     lab: str  # e.g. 02_kv_cache
     cells: tuple[LabCell, ...]  # the lab's code cells, in order
-    fresh_imports: dict  # name -> module, for every name imported from infer.course
 
     @property
     def checks(self) -> list[Check]:
@@ -216,12 +226,12 @@ def load_key(lab_path: Path, solution_path: Path) -> GradingKey:
     lab_code = [c for c in lab.cells if c.cell_type == "code"]
     if [c.id for c in lab_code] != list(solution_cells):
         raise GradingKeyError(f"{lab_path} and {solution_path} have different code cells: run `make labs`")
-    cells, seen_ids = [], set()
+    cells, seen_ids, imports = [], set(), course_imports(solution)
     for lab_cell in lab_code:
         solution_cell = solution_cells[lab_cell.id]
         check = None
         if CHECK_MARK in solution_cell.source:
-            check = _check_from(solution_cell, solution_path.name)
+            check = _check_from(solution_cell, solution_path.name, imports)
             if check.check_id in seen_ids:
                 raise GradingKeyError(
                     f"{solution_path.name}: two checks have the id {check.check_id!r}; "
@@ -234,10 +244,10 @@ def load_key(lab_path: Path, solution_path: Path) -> GradingKey:
         cells.append(LabCell(lab_cell.id, lab_cell.source, check, skip))
     if not seen_ids:
         raise GradingKeyError(f"{solution_path.name} has no check cell ({CHECK_MARK})")
-    return GradingKey(solution_path.stem, tuple(cells), course_imports(solution))
+    return GradingKey(solution_path.stem, tuple(cells))
 
 
-def _check_from(cell, notebook_name: str) -> Check:
+def _check_from(cell, notebook_name: str, imports: dict) -> Check:
     where = f"{notebook_name}, check cell {cell.id!r}"
     expected = printed_line(cell)
     if not expected or "\n" in expected:
@@ -255,38 +265,21 @@ def _check_from(cell, notebook_name: str) -> Check:
     check_id = grade.get("id") or (qid and qid.group(1))
     if not check_id:
         raise GradingKeyError(f"{where}: its line names no check id; set grade.id in the cell metadata")
-    return Check(check_id, cell.id, points, trusted_part(cell.source), expected)
+    trusted = trusted_part(cell.source)
+    try:
+        call = CheckCall.parse(trusted, imports)
+    except NotACheckCall as error:
+        raise GradingKeyError(f"{where}: the checker cannot make this check: {error}") from None
+    return Check(check_id, cell.id, points, trusted, expected, call)
 
 
 # ---------------------------------------------------------------- one submission's notebook
 
 
-def fresh_import_source(trusted: str, fresh_imports: dict, salt: str | None = None) -> str:
-    """Code that re-imports the course's check modules and rebinds the names `trusted` uses; with
-    a `salt`, it first sets the seed of the cases no student saw (checks.case_rngs), right before
-    the check, where the student's code cannot change it."""
-    try:
-        used = {node.id for node in ast.walk(ast.parse(trusted)) if isinstance(node, ast.Name)}
-    except SyntaxError:  # IPython syntax (a magic): rebind every course name rather than guess
-        used = set(fresh_imports)
-    needed = sorted(name for name in used if name in fresh_imports)
-    if not needed:
-        return ""
-    lines = [
-        "import sys as _grader_sys",
-        f"for _grader_module in [m for m in _grader_sys.modules if m == {COURSE_PACKAGE!r} "
-        f"or m.startswith({COURSE_PACKAGE + '.'!r})]:",
-        "    del _grader_sys.modules[_grader_module]",
-    ]
-    if salt:
-        lines += ["import os as _grader_os", f"_grader_os.environ[{GRADING_SALT_ENV!r}] = {salt!r}"]
-    lines += [f"from {fresh_imports[name]} import {name}" for name in needed]
-    return "\n".join(lines)
-
-
-def assemble(key: GradingKey, submission, salt: str | None = None) -> tuple[nbformat.NotebookNode, int]:
-    """The notebook to run for one submission, and how many lab cells it supplied. With a `salt`,
-    each check also runs cases that no student saw (see fresh_import_source)."""
+def assemble(key: GradingKey, submission) -> tuple[nbformat.NotebookNode, int]:
+    """The notebook to run for one submission, and how many lab cells it supplied. Each check cell
+    becomes the kernel's side of its check (kernel_side.answer_checker): the check itself runs in
+    the checker's process while that cell answers it."""
     lab_ids = {cell.cell_id for cell in key.cells}
     student_cells, added_after, anchor = {}, {}, None
     for cell in submission.cells:
@@ -316,11 +309,9 @@ def assemble(key: GradingKey, submission, salt: str | None = None) -> tuple[nbfo
             add(source, origin, cell_id=lab_cell.cell_id)
         else:
             add(student_part(source, check.trusted_source), origin, cell_id=lab_cell.cell_id)
-            preamble = fresh_import_source(check.trusted_source, key.fresh_imports, salt)
-            checked = "\n".join(part for part in (f"# {CHECK_MARK}", preamble, check.trusted_source) if part)
             cells.append(
                 nbformat.v4.new_code_cell(
-                    checked,
+                    KERNEL_SIDE_CELL,
                     metadata={
                         "grader": {
                             "role": "check",
@@ -364,6 +355,7 @@ class Session:
     threads: int = 1
     memory_bytes: int = MIN_KERNEL_MEMORY
     memory_limit: str = "address space"
+    library: str = ""  # the kernel's copy of the library, without the lab's answers (kernel_library)
 
 
 def default_threads(jobs: int) -> int:
@@ -386,11 +378,15 @@ def default_memory(jobs: int) -> int:
     return max(MIN_KERNEL_MEMORY, int(0.75 * total / max(1, jobs)))
 
 
-def open_session(folder: Path, jobs: int, limits: Limits, salt: str | None, root: Path) -> Session:
-    """Choose the sandbox (the strongest mode this machine allows) and the per-kernel limits."""
-    hide = sandbox.default_hidden(folder)
-    show = sandbox.default_shown()
-    mode, why_not = sandbox.choose_mode(hide, show)
+def open_session(
+    folder: Path, jobs: int, limits: Limits, salt: str | None, root: Path, hidden_definitions: tuple[str, ...] = ()
+) -> Session:
+    """Choose the sandbox (the strongest mode this machine allows) and the per-kernel limits, and
+    build the kernels' library without `hidden_definitions` (kernel_library) under `root`."""
+    library = kernel_library.build(hidden_definitions, root / "library")
+    hide = sandbox.default_hidden(folder, extra=(REPO_ROOT / "infer",))
+    show = sandbox.default_shown() + (str(library),)
+    mode, why_not = sandbox.choose_mode(hide, show, str(library))
     return Session(
         mode=mode,
         sandbox_line=sandbox.describe(mode, why_not),
@@ -401,6 +397,7 @@ def open_session(folder: Path, jobs: int, limits: Limits, salt: str | None, root
         threads=limits.threads or default_threads(jobs),
         memory_bytes=limits.memory_bytes or default_memory(jobs),
         memory_limit="data" if gpu_machine() else "address space",
+        library=str(library),
     )
 
 
@@ -451,6 +448,8 @@ def kernel_env(workdir: Path, session: Session) -> dict[str, str]:
     threads = str(session.threads)
     extra = {name: os.environ[name] for name in PASSED_THROUGH if name in os.environ}
     extra |= {
+        CHECKER_SOCKET_ENV: str(workdir / SOCKET_NAME),
+        **({"PYTHONPATH": session.library} if session.library else {}),
         "INFER_FIGURES_DIR": str(workdir / "figures"),
         "INFER_RESULTS_DIR": str(workdir / "results"),
         **{name: threads for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")},
@@ -477,12 +476,18 @@ def _kernel_manager(workdir: Path, session: Session, limits: Limits) -> Sandboxe
     return manager
 
 
-def run_cells(notebook, workdir: Path, limits: Limits, session: Session | None = None) -> tuple[str, str]:
+def run_cells(
+    notebook, workdir: Path, limits: Limits, session: Session | None = None, checks: dict | None = None
+) -> tuple[str, str]:
     """Execute the notebook's cells in a fresh kernel in `workdir`, sandboxed as `session` says
-    (plain without one): (status, reason), outputs stored in place. Cells marked skipped are not run."""
+    (plain without one): (status, reason), outputs stored in place. Cells marked skipped are not run.
+    A check cell's check (`checks`: check id -> Check) runs here, in this process, while the
+    kernel's cell answers it; the cell's output becomes the check's line."""
     session = session or plain_session(workdir)
     if session.mode == "nobody":
         os.chown(workdir, sandbox.NOBODY_UID, sandbox.NOBODY_GID)
+    checker_socket = CheckerSocket(str(workdir / SOCKET_NAME))
+    os.chmod(checker_socket.path, 0o777)  # `nobody` connects to it
     client = GradingClient(
         notebook,
         km=_kernel_manager(workdir, session, limits),
@@ -491,28 +496,61 @@ def run_cells(notebook, workdir: Path, limits: Limits, session: Session | None =
         shutdown_kernel="immediate",
         resources={"metadata": {"path": str(workdir)}},
     )
-    with client.setup_kernel(env=kernel_env(workdir, session), cleanup_kc=True):  # our km: shut it down too
-        deadline = time.monotonic() + limits.notebook_s  # from a started kernel: its start is not the student's
-        for index, cell in enumerate(notebook.cells):
-            if cell.metadata.get("grader", {}).get("role") == "skipped":
-                continue
-            where = _describe(cell)
-            left = deadline - time.monotonic()
-            if left <= 0:
-                return TIMED_OUT, f"the notebook's time limit ({limits.notebook_s:g} s) ran out before {where}"
-            client.timeout = max(1, round(min(limits.cell_s, left)))
-            try:
-                client.execute_cell(cell, index)
-            except CellTimeoutError:
-                limit = (
-                    "the cell time limit" if limits.cell_s <= left else "the notebook's time limit"
-                ) + f" ({client.timeout} s)"
-                return TIMED_OUT, f"{where} ran past {limit}"
-            except DeadKernelError:
-                note = workdir / sandbox.EXIT_NOTE
-                why = f" ({note.read_text()})" if note.exists() else ""
-                return KERNEL_DIED, f"the kernel died in {where}{why}"
+    try:
+        with client.setup_kernel(env=kernel_env(workdir, session), cleanup_kc=True):  # our km: shut it down too
+            deadline = time.monotonic() + limits.notebook_s  # from a started kernel: its start is not the student's
+            for index, cell in enumerate(notebook.cells):
+                grader = cell.metadata.get("grader", {})
+                if grader.get("role") == "skipped":
+                    continue
+                where = _describe(cell)
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return TIMED_OUT, f"the notebook's time limit ({limits.notebook_s:g} s) ran out before {where}"
+                client.timeout = max(1, round(min(limits.cell_s, left)))
+                check = (checks or {}).get(grader.get("check_id")) if grader.get("role") == "check" else None
+                run = CheckRun(check.call, checker_socket, check.check_id) if check else None
+                if run:
+                    run.start()
+                try:
+                    client.execute_cell(cell, index)
+                except CellTimeoutError:
+                    limit = (
+                        "the cell time limit" if limits.cell_s <= left else "the notebook's time limit"
+                    ) + f" ({client.timeout} s)"
+                    return TIMED_OUT, f"{where} ran past {limit}"
+                except DeadKernelError:
+                    note = workdir / sandbox.EXIT_NOTE
+                    why = f" ({note.read_text()})" if note.exists() else ""
+                    return KERNEL_DIED, f"the kernel died in {where}{why}"
+                finally:
+                    if run:
+                        _record_check(cell, run.finish())
+    finally:
+        checker_socket.close()
     return GRADED, ""
+
+
+def _record_check(cell, line: str) -> None:
+    """The check cell's outputs become the checker's line; what the kernel's side printed or
+    raised stays below it, for the instructor."""
+    if not line:
+        kernel_error = next((o for o in cell.get("outputs", []) if o.get("output_type") == "error"), None)
+        why = f": its cell raised {kernel_error.ename}: {kernel_error.evalue}" if kernel_error else ""
+        line = f"❌ {cell.metadata['grader']['check_id']}: the kernel did not answer the check{why}"
+    kernel_outputs = [o for o in cell.get("outputs", []) if o.get("output_type") in ("stream", "error")]
+    for output in kernel_outputs:
+        if output.get("output_type") == "stream":
+            output["name"] = "stderr"  # never read as the check's line
+    cell.outputs = [nbformat.v4.new_output("stream", name="stdout", text=line + "\n")] + [
+        nbformat.v4.new_output("stream", name="stderr", text=_output_text(o)) for o in kernel_outputs
+    ]
+
+
+def _output_text(output) -> str:
+    if output.get("output_type") == "error":
+        return f"the kernel's side raised {output.get('ename')}: {output.get('evalue')}\n"
+    return output.get("text", "")
 
 
 def _describe(cell) -> str:
@@ -541,15 +579,12 @@ def score_checks(key: GradingKey, notebook, stopped: str) -> list[CheckResult]:
             if result.line == check.expected_line:
                 result.earned = check.points
             else:
-                result.reason = _why_not(cell, result.line, check.expected_line)
+                result.reason = _why_not(result.line, check.expected_line)
         results.append(result)
     return results
 
 
-def _why_not(cell, line: str, expected: str) -> str:
-    errors = [o for o in cell.outputs if o.get("output_type") == "error"]
-    if errors:
-        return f"the check raised {errors[0].ename}: {errors[0].evalue}"
+def _why_not(line: str, expected: str) -> str:
     if line.startswith("❌"):
         return line
     if not line:
@@ -589,7 +624,11 @@ def grade_submission(
         result.reason = "; ".join(r for r in (result.reason, handed_in) if r)
         result.checks = [CheckResult(c.check_id, c.points, reason="not graded: " + result.reason) for c in key.checks]
         return result
-    notebook, matched = assemble(key, submission, session.salt if session else None)
+    notebook, matched = assemble(key, submission)
+    if session and session.salt:
+        os.environ[GRADING_SALT_ENV] = session.salt  # this process's checks only: never the kernel's
+    if session:
+        torch.set_num_threads(session.threads)
     no_match = (
         "no cell id matches the lab's: was this notebook started from the lab? (every cell is the lab's)"
         if matched == 0
@@ -599,7 +638,8 @@ def grade_submission(
     try:
         with tempfile.TemporaryDirectory(prefix="s", dir=root) as workdir:  # short: Unix socket paths are
             nbformat.write(notebook, Path(workdir) / path.name)  # its only notebook: the one that runs
-            status, stopped = run_cells(notebook, Path(workdir), limits, session)
+            checks = {check.check_id: check for check in key.checks}
+            status, stopped = run_cells(notebook, Path(workdir), limits, session, checks)
     except Exception as error:  # the kernel would not start, ...: this student only
         status, stopped = GRADER_ERROR, f"the grader could not run the notebook ({type(error).__name__}: {error})"
     result.status = status
@@ -659,7 +699,9 @@ def grade_folder(
     salt = salt or secrets.token_hex(8)
     with tempfile.TemporaryDirectory(prefix="infer-grade-") as kernels_root:
         os.chmod(kernels_root, 0o755)  # `nobody` passes through to its own folder
-        session = open_session(folder, jobs, limits, salt, Path(kernels_root))
+        exercise_modules = {check.call.module for check in key.checks}
+        hidden = tuple(kernel_library.hidden_at_grading(exercise_modules))
+        session = open_session(folder, jobs, limits, salt, Path(kernels_root), hidden)
         if progress:
             print(session.sandbox_line, flush=True)
         # Separate processes: each drives its own kernel, and one that goes wrong stays alone.

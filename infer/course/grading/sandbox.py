@@ -135,19 +135,20 @@ def default_shown() -> tuple[str, ...]:
     return tuple(str(p) for p in kept)
 
 
-def choose_mode(hide: tuple[str, ...], show: tuple[str, ...]) -> tuple[str, str]:
+def choose_mode(hide: tuple[str, ...], show: tuple[str, ...], python_path: str = "") -> tuple[str, str]:
     """(mode, why the stronger ones did not work here): the strongest mode whose probe ran."""
     tried = []
     for mode in ("nobody", "userns") if os.geteuid() == 0 else ("userns",):
-        problem = probe(mode, hide, show)
+        problem = probe(mode, hide, show, python_path)
         if problem is None:
             return mode, "; ".join(tried)
         tried.append(f"{mode}: {problem}")
     return "plain", "; ".join(tried)
 
 
-def probe(mode: str, hide: tuple[str, ...], show: tuple[str, ...]) -> str | None:
-    """Run a short Python command in the sandbox `mode`; None if it worked, else why not."""
+def probe(mode: str, hide: tuple[str, ...], show: tuple[str, ...], python_path: str = "") -> str | None:
+    """Run a short Python command in the sandbox `mode` (with the kernels' PYTHONPATH); None if it
+    worked, else why not."""
     with tempfile.TemporaryDirectory(prefix="infer-sandbox-probe-") as folder:
         workdir = Path(folder)
         if mode == "nobody":
@@ -163,7 +164,7 @@ def probe(mode: str, hide: tuple[str, ...], show: tuple[str, ...]) -> str | None
                 capture_output=True,
                 text=True,
                 timeout=PROBE_TIMEOUT_S,
-                env=minimal_env(workdir),
+                env=minimal_env(workdir, {"PYTHONPATH": python_path} if python_path else None),
             )
         except (OSError, subprocess.TimeoutExpired) as error:
             return f"{type(error).__name__}: {error}"

@@ -312,3 +312,7 @@ def grade_intensity(student_intensity, shapes: int = 6) -> Verdict:
 
 def check_intensity(student_intensity, shapes: int = 6) -> None:
     print(grade_intensity(student_intensity, shapes).line)
+
+
+# What the kernel lacks at grading (kernel_library): the library code that computes these answers.
+HIDDEN_AT_GRADING = tuple({obj: None for refused in REFUSED.values() for obj in refused})

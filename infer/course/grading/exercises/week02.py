@@ -31,6 +31,7 @@ from infer.course.grading.checks import (
     same_tokens,
     torch_generator,
 )
+from infer.course.grading.wire import storage_of
 from infer.engine import Engine
 from infer.generate import cached_greedy_generate, naive_greedy_generate
 from infer.kv_cache import ConcatKVCache, KVCache
@@ -93,10 +94,6 @@ def _cache_verdict(student_cache_class, hf_model, qid: str, rounds: int, calls: 
 
 def check_kv_cache(student_cache_class, hf_model=None) -> None:
     print(grade_kv_cache(student_cache_class, hf_model).line)
-
-
-def _storage(tensor) -> int | None:
-    return tensor.untyped_storage().data_ptr() if isinstance(tensor, torch.Tensor) else None
 
 
 def _random_writes_and_reads(cache_class, rng: random.Random, qid: str, calls: LibraryCalls) -> Verdict | None:
@@ -168,7 +165,7 @@ def _random_writes_and_reads(cache_class, rng: random.Random, qid: str, calls: L
                     f"after {what}, read(layer, seq_id, end={start + n}) returned the wrong "
                     f"{label}: did the write land at positions start..start+n-1 of that slot?",
                 )
-        home = (_storage(got_k), _storage(got_v))
+        home = (storage_of(got_k), storage_of(got_v))
         if homes.setdefault((layer, seq), home) != home:
             return Verdict(
                 qid,
@@ -482,3 +479,7 @@ def _whole_sequences(got, expected) -> str | None:
     if got != expected:
         return f"got {got:,.0f} sequences, expected {expected:,}"
     return None
+
+
+# What the kernel lacks at grading (kernel_library): the library code that computes these answers.
+HIDDEN_AT_GRADING = tuple({obj: None for refused in REFUSED.values() for obj in refused})

@@ -244,3 +244,7 @@ def grade_score_bytes(student_score_bytes, cases: int = 6) -> Verdict:
 
 def check_score_bytes(student_score_bytes, cases: int = 6) -> None:
     print(grade_score_bytes(student_score_bytes, cases).line)
+
+
+# What the kernel lacks at grading (kernel_library): the library code that computes these answers.
+HIDDEN_AT_GRADING = tuple({obj: None for refused in REFUSED.values() for obj in refused})

@@ -492,3 +492,7 @@ def grade_best_budget(pick, random_sweeps: int = 6) -> Verdict:
 
 def check_best_budget(pick, random_sweeps: int = 6) -> None:
     print(grade_best_budget(pick, random_sweeps).line)
+
+
+# What the kernel lacks at grading (kernel_library): the library code that computes these answers.
+HIDDEN_AT_GRADING = (*BUDGET_FORBIDDEN,)

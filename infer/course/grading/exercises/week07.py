@@ -344,3 +344,7 @@ def record_streams(lm) -> str:
     path = results_dir() / RECORDED_STREAMS
     path.write_text(json.dumps({"metadata": provenance(lm), "streams": streams}, indent=1) + "\n")
     return str(path)
+
+
+# What the kernel lacks at grading (kernel_library): the library code that computes these answers.
+HIDDEN_AT_GRADING = tuple({obj: None for refused in REFUSED.values() for obj in refused})

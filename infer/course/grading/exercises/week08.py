@@ -989,3 +989,6 @@ FORBIDDEN = (
     reference_make_room,
     _make_room,
 )
+
+# What the kernel lacks at grading (kernel_library): the library code that computes these answers.
+HIDDEN_AT_GRADING = (*FORBIDDEN,)
