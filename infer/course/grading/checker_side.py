@@ -116,8 +116,8 @@ class CheckRun:
 
     def finish(self, wait_s: float = 5.0) -> str:
         """The verdict's line once the kernel's cell has ended ("" if the kernel never connected)."""
-        self.thread.join(wait_s)  # the check may still be sending "done"
-        self.stopped.set()
+        self.stopped.set()  # the cell has ended: no kernel will connect for this check any more
+        self.thread.join(wait_s)  # a check still sending "done"
         if self.thread.is_alive() and self.connection is not None:
             self.connection.shutdown(socket.SHUT_RDWR)  # the kernel's cell ended before the check did
         self.thread.join()

@@ -45,8 +45,18 @@ def build(hidden: Iterable[str], into: Path) -> Path:
     for module, definitions in by_module.items():
         path = into.joinpath(*module.split(".")).with_suffix(".py")
         path.write_text(without_definitions(path.read_text(), module, definitions))
+    _point_at_the_repository(target / "paths.py")
     compileall.compile_dir(str(target), quiet=1)  # the kernel cannot write its own .pyc there
     return into
+
+
+def _point_at_the_repository(paths_py: Path) -> None:
+    """The copy's REPO_ROOT stays the repository's (its results, figures and configs), not the copy's."""
+    found = "REPO_ROOT = Path(__file__).resolve().parent.parent"
+    source = paths_py.read_text()
+    if found not in source:
+        raise ValueError(f"{paths_py} no longer says {found!r}: update kernel_library")
+    paths_py.write_text(source.replace(found, f"REPO_ROOT = Path({str(REPO_ROOT)!r})"))
 
 
 def without_definitions(source: str, module: str, definitions: set[str]) -> str:
