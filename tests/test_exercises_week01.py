@@ -1,7 +1,8 @@
-"""Lab 01's checks: each refused library function fails however it is wrapped, naming it; each rule
-of the timestamps fails the loop that breaks it, with a message naming the rule; at grading, a
-hard-coded answer meets cases it never saw."""
+"""Lab 01's checks: the library's own function fails, named, even in a partial; each rule of the
+timestamps fails the loop that breaks it, with a message naming the rule; at grading, a hard-coded
+answer meets cases it never saw."""
 
+import functools
 import time
 
 import numpy as np
@@ -9,78 +10,42 @@ import pytest
 import torch
 
 from infer import hf
-from infer.course.grading.checks import GRADING_SALT_ENV, Verdict
+from infer.course.grading.checks import GRADING_SALT_ENV
 from infer.course.grading.exercises import week01
 from infer.experiments.prefill_decode import token_gaps_ms, ttft_and_tpot_ms
 from infer.generate import cached_greedy_generate, naive_greedy_generate
-from infer.kv_cache import KVCache
 from infer.metrics import calculate_metrics, request_latencies_ms
-from infer.model import Transformer
-from infer.records import RequestRecord
 from infer.roofline import matmul_arithmetic_intensity
-from tests.refusals import FUNCTION_WRAPPERS, assert_refused, wrapped_function
 
-# ---------------------------------------------------------------- every refused function, every wrapper
-
-
-def _via_cached_loop(model, prompt_ids, max_new_tokens, timestamps=None):
-    course_model = Transformer.from_hf(model)
-    cache = KVCache.for_model(course_model, 1, prompt_ids.shape[1] + max_new_tokens)
-    return cached_greedy_generate(course_model, prompt_ids, max_new_tokens, cache)
+# ---------------------------------------------------------------- what the kernel lacks, what the lab gives
 
 
-def _via_gaps(send, times):
-    gaps = token_gaps_ms(send, times)
-    return gaps[0], sum(gaps[1:]) / (len(gaps) - 1)
+def test_the_kernel_lacks_every_library_function_that_answers():
+    assert set(week01.HIDDEN_AT_GRADING) == {
+        hf.greedy_generate,
+        naive_greedy_generate,
+        cached_greedy_generate,
+        ttft_and_tpot_ms,
+        token_gaps_ms,
+        request_latencies_ms,
+        calculate_metrics,
+        matmul_arithmetic_intensity,
+    }
 
 
-def _via_latencies(send, times):
-    latencies = request_latencies_ms(RequestRecord(1, send, chunk_times=list(times)))
-    return latencies.ttft_ms, latencies.tpot_ms
-
-
-def _via_metrics(send, times):
-    metrics = calculate_metrics([RequestRecord(1, send, chunk_times=list(times))])
-    return metrics["mean_ttft_ms"], metrics["mean_tpot_ms"]
-
-
-# (check, refused function, a student function that gets its answer from it)
-ADAPTED = [
-    ("naive", hf.greedy_generate, lambda m, p, n, timestamps=None: hf.greedy_generate(m, p, n)),
-    ("naive", naive_greedy_generate, lambda m, p, n, timestamps=None: naive_greedy_generate(m, p, n, timestamps)),
-    ("naive", cached_greedy_generate, _via_cached_loop),
-    ("ttft", ttft_and_tpot_ms, lambda send, times: ttft_and_tpot_ms(send, times)),
-    ("ttft", token_gaps_ms, _via_gaps),
-    ("ttft", request_latencies_ms, _via_latencies),
-    ("ttft", calculate_metrics, _via_metrics),
-    ("intensity", matmul_arithmetic_intensity, lambda m, k, n, b: matmul_arithmetic_intensity(m, k, n, b)),
-]
-
-
-def grade(check: str, fn, tiny) -> Verdict:
-    if check == "naive":
-        return week01.grade_naive_loop(fn, tiny.model, prompts=2)
-    return {"ttft": week01.grade_ttft_tpot, "intensity": week01.grade_intensity}[check](fn)
-
-
-def test_every_refused_function_is_adapted_here():
-    adapted = {(check, refused) for check, refused, _ in ADAPTED}
-    qids = {"naive": week01.NAIVE_QID, "ttft": week01.TTFT_QID, "intensity": week01.INTENSITY_QID}
-    assert adapted == {(check, refused) for check, qid in qids.items() for refused in week01.REFUSED[qid]}
-
-
-@pytest.mark.parametrize("check, refused, student", ADAPTED, ids=[f"{c}-{r.__name__}" for c, r, _ in ADAPTED])
-def test_a_function_built_on_a_refused_one_fails_naming_it(tiny, check, refused, student):
-    assert_refused(grade(check, student, tiny), refused)
-
-
-@pytest.mark.parametrize("kind", FUNCTION_WRAPPERS)
 @pytest.mark.parametrize(
-    "check, twin",
-    [("naive", naive_greedy_generate), ("ttft", ttft_and_tpot_ms), ("intensity", matmul_arithmetic_intensity)],
+    "grade, twin",
+    [
+        (lambda fn, tiny: week01.grade_naive_loop(fn, tiny.model, prompts=2), naive_greedy_generate),
+        (lambda fn, tiny: week01.grade_ttft_tpot(fn), ttft_and_tpot_ms),
+        (lambda fn, tiny: week01.grade_intensity(fn), matmul_arithmetic_intensity),
+    ],
+    ids=["naive", "ttft", "intensity"],
 )
-def test_the_twin_fails_however_it_is_wrapped(tiny, check, twin, kind):
-    assert_refused(grade(check, wrapped_function(twin, kind), tiny), twin)
+def test_the_library_function_fails_even_in_a_partial(tiny, grade, twin):
+    line = grade(functools.partial(twin), tiny).line
+    name = f"{twin.__module__}.{twin.__qualname__}"
+    assert f"course library's own {name}, imported rather than written" in line, line
 
 
 def test_the_helpers_the_lab_gives_are_allowed(tiny):

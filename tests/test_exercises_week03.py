@@ -1,6 +1,8 @@
-"""Lab 03's checks: each refused library function fails however it is wrapped, naming it; each rule
-the lab states fails the function or grid that breaks it, with a message naming the rule; numpy
-integers are counts; at grading, a hard-coded answer meets runs it never saw."""
+"""Lab 03's checks: the library's own function fails, named, even in a partial; each rule the lab
+states fails the function or grid that breaks it, with a message naming the rule; numpy integers
+are counts; at grading, a hard-coded answer meets runs it never saw."""
+
+import functools
 
 import numpy as np
 import pytest
@@ -9,7 +11,6 @@ from infer.course.grading.checks import GRADING_SALT_ENV
 from infer.course.grading.exercises import week03
 from infer.experiments.prefill_decode import token_gaps_ms, ttft_and_tpot_ms
 from infer.metrics import (
-    RequestLatencies,
     benchmark_duration_s,
     calculate_metrics,
     meets_slo,
@@ -18,7 +19,6 @@ from infer.metrics import (
     summarize_ms,
 )
 from infer.profiles import BenchmarkGrid
-from tests.refusals import FUNCTION_WRAPPERS, assert_refused, wrapped_function
 
 # ---------------------------------------------------------------- honest functions, as a student writes them
 
@@ -75,85 +75,34 @@ def test_the_honest_functions_pass():
     assert week03.grade_goodput(goodput).ok
 
 
-# ---------------------------------------------------------------- every refused function, every wrapper
+# ---------------------------------------------------------------- the library's own, what the kernel lacks
 
 
-def _latencies_via(refused):
-    def student(record):
-        if refused is request_latencies_ms:
-            lat = request_latencies_ms(record)
-            return lat.ttft_ms, lat.tpot_ms, lat.e2el_ms
-        if refused is calculate_metrics:
-            m = calculate_metrics([record])
-            return m["mean_ttft_ms"], latencies(record)[1], m["mean_e2el_ms"]
-        if refused is ttft_and_tpot_ms:
-            ttft, _ = ttft_and_tpot_ms(record.send_time, record.chunk_times + record.chunk_times[-1:])
-            return (ttft, *latencies(record)[1:])
-        gaps = token_gaps_ms(record.send_time, record.chunk_times)
-        return gaps[0], latencies(record)[1], sum(gaps)
-
-    return student
+@pytest.mark.parametrize(
+    "grade, twin",
+    [
+        (week03.grade_latencies, request_latencies_ms),
+        (week03.grade_serving_metrics, calculate_metrics),
+        (week03.grade_goodput, request_goodput),
+    ],
+    ids=["latencies", "metrics", "goodput"],
+)
+def test_the_library_function_fails_even_in_a_partial(grade, twin):
+    line = grade(functools.partial(twin)).line
+    assert f"course library's own infer.metrics.{twin.__name__}, imported rather than written" in line, line
 
 
-def _metrics_via(refused):
-    def student(records):
-        result = metrics(records)
-        if refused is calculate_metrics:
-            return {k: calculate_metrics(records)[k] for k in result}
-        if refused is request_latencies_ms:
-            result["mean_ttft_ms"] = np.mean([request_latencies_ms(r).ttft_ms for r in records if r.success])
-        elif refused is summarize_ms:
-            result["mean_ttft_ms"] = summarize_ms([latencies(r)[0] for r in records if r.success])["mean"]
-        elif refused is benchmark_duration_s:
-            result["duration"] = benchmark_duration_s(records)
-        else:
-            request_goodput(records, {"ttft": 1e9})
-        return result
-
-    return student
-
-
-def _goodput_via(refused):
-    def student(records, slo):
-        if refused is request_goodput:
-            return request_goodput(records, slo)
-        if refused is meets_slo:
-            good = sum(meets_slo(RequestLatencies(*latencies(r), itls_ms=()), slo) for r in records if r.success)
-            return good / (max(r.finish_time for r in records) - min(r.send_time for r in records))
-        if refused is calculate_metrics:
-            return calculate_metrics(records, slo_ms=slo)["request_goodput"]
-        if refused is request_latencies_ms:
-            request_latencies_ms(next(r for r in records if r.success))
-            return goodput(records, slo)
-        return (
-            goodput(records, slo)
-            * (max(r.finish_time for r in records) - min(r.send_time for r in records))
-            / (benchmark_duration_s(records))
-        )
-
-    return student
-
-
-CHECKS = {
-    week03.LATENCIES_QID: (week03.grade_latencies, _latencies_via),
-    week03.METRICS_QID: (week03.grade_serving_metrics, _metrics_via),
-    week03.GOODPUT_QID: (week03.grade_goodput, _goodput_via),
-}
-ADAPTED = [(qid, refused) for qid in CHECKS for refused in week03.REFUSED[qid]]
-
-
-@pytest.mark.parametrize("qid, refused", ADAPTED, ids=[f"{q.split('.')[-1]}-{r.__name__}" for q, r in ADAPTED])
-def test_a_function_built_on_a_refused_one_fails_naming_it(qid, refused):
-    grade, via = CHECKS[qid]
-    assert_refused(grade(via(refused)), refused)
-
-
-@pytest.mark.parametrize("kind", FUNCTION_WRAPPERS)
-@pytest.mark.parametrize("qid", list(CHECKS))
-def test_the_twin_fails_however_it_is_wrapped(qid, kind):
-    grade, via = CHECKS[qid]
-    twin = week03.REFUSED[qid][0]
-    assert_refused(grade(wrapped_function(twin, kind)), twin)
+def test_the_kernel_lacks_every_library_function_that_answers():
+    assert set(week03.HIDDEN_AT_GRADING) == {
+        request_latencies_ms,
+        calculate_metrics,
+        ttft_and_tpot_ms,
+        token_gaps_ms,
+        summarize_ms,
+        benchmark_duration_s,
+        request_goodput,
+        meets_slo,
+    }
 
 
 # ---------------------------------------------------------------- the rules: one wrong function each

@@ -1,12 +1,12 @@
-"""Lab 04's checks: each refused library function fails however it is wrapped, naming it; each rule
-of the tiled pass fails the function that breaks it, with a message naming the rule; at grading,
-a hard-coded answer meets cases it never saw."""
+"""Lab 04's checks: the library's own function fails, named, even in a partial; each rule of the
+tiled pass fails the function that breaks it, with a message naming the rule; at grading, a
+hard-coded answer meets cases it never saw."""
 
+import functools
 import math
 
 import pytest
 import torch
-from torch.nn.attention import SDPBackend
 
 from infer.attention import (
     SoftmaxState,
@@ -23,63 +23,34 @@ from infer.attention_triton import triton_attention
 from infer.course.grading.checks import GRADING_SALT_ENV
 from infer.course.grading.exercises import week04
 from infer.paged_attention import causal_attention
-from tests.refusals import FUNCTION_WRAPPERS, assert_refused, wrapped_function
 from tests.test_check_shortcuts import merge, tiled
 
-# ---------------------------------------------------------------- every refused function, every wrapper
+# ---------------------------------------------------------------- the library's own, what the kernel lacks
 
 
-def _tiled_with_library_merge(q, k, v, causal, block_size):
-    state = block_state(q[..., :1, :] @ k[..., :1, :].transpose(-2, -1), v[..., :1, :])
-    merge_states(state, state)
-    return tiled(q, k, v, causal, block_size)
+def test_the_kernel_lacks_every_library_function_that_answers():
+    assert set(week04.HIDDEN_AT_GRADING) == {
+        merge_states,
+        tiled_attention,
+        naive_attention,
+        reference_attention,
+        sdpa_attention,
+        flash_attn_package,
+        triton_attention,
+        causal_attention,
+        score_matrix_bytes,
+    }
 
 
-def _via_causal_attention(q, k, v, causal, block_size):
-    return causal_attention(q, k, v, 0)
-
-
-TILED_ADAPTERS = {
-    tiled_attention: lambda q, k, v, causal, block: tiled_attention(q, k, v, causal, block, block),
-    naive_attention: lambda q, k, v, causal, block: naive_attention(q, k, v, causal),
-    reference_attention: lambda q, k, v, causal, block: reference_attention(q, k, v, causal).to(q.dtype),
-    sdpa_attention: lambda q, k, v, causal, block: sdpa_attention(q, k, v, causal, backend=SDPBackend.MATH),
-    flash_attn_package: lambda q, k, v, causal, block: flash_attn_package(q, k, v, causal),
-    triton_attention: lambda q, k, v, causal, block: triton_attention(q, k, v, causal),
-    causal_attention: _via_causal_attention,
-    merge_states: _tiled_with_library_merge,
-}
-ADAPTED = [(week04.grade_tiled, refused, student) for refused, student in TILED_ADAPTERS.items()] + [
-    (week04.grade_merge, merge_states, lambda a, b: merge_states(a, b)),
-    (week04.grade_score_bytes, score_matrix_bytes, lambda *args: score_matrix_bytes(*args)),
-]
-
-
-def test_every_refused_function_is_adapted_here():
-    assert set(TILED_ADAPTERS) == set(week04.REFUSED[week04.TILED_QID])
-    assert week04.REFUSED[week04.MERGE_QID] == (merge_states,)
-    assert week04.REFUSED[week04.BYTES_QID] == (score_matrix_bytes,)
-
-
-@pytest.mark.parametrize("grade, refused, student", ADAPTED, ids=[f"{g.__name__}-{r.__name__}" for g, r, _ in ADAPTED])
-def test_a_function_built_on_a_refused_one_fails_naming_it(grade, refused, student):
-    assert_refused(grade(student), refused)
-
-
-@pytest.mark.parametrize("kind", FUNCTION_WRAPPERS)
 @pytest.mark.parametrize(
     "grade, twin",
     [(week04.grade_merge, merge_states), (week04.grade_score_bytes, score_matrix_bytes)],
     ids=["merge", "score_bytes"],
 )
-def test_the_twin_fails_however_it_is_wrapped(grade, twin, kind):
-    assert_refused(grade(wrapped_function(twin, kind)), twin)
-
-
-@pytest.mark.parametrize("kind", FUNCTION_WRAPPERS[:2])
-def test_the_library_tiled_pass_fails_however_it_is_wrapped(kind):
-    wrapped = wrapped_function(tiled_attention, kind)
-    assert_refused(week04.grade_tiled(lambda q, k, v, c, b: wrapped(q, k, v, c, b, b)), tiled_attention)
+def test_the_library_function_fails_even_in_a_partial(grade, twin):
+    line = grade(functools.partial(twin)).line
+    name = f"{twin.__module__}.{twin.__qualname__}"
+    assert f"course library's own {name}, imported rather than written" in line, line
 
 
 def test_the_helpers_the_lab_gives_are_allowed():

@@ -11,7 +11,6 @@ escape a student has used against in-kernel checks earns nothing:
 - answers read from the answer keys, and a look for the checker's salt, the solutions and the keys.
 The same notebook, run at home (the checks in its own kernel), passes checks: the escapes are real."""
 
-import copy
 import json
 import socket
 import threading
@@ -76,7 +75,7 @@ def _pass_everything(module):
     from infer.course.grading.checks import Verdict
     for name in list(vars(module)):
         if name.startswith("grade_"):
-            setattr(module, name, lambda *a, _n=name, **k: Verdict(str(a[0]) if a and isinstance(a[0], str) else _n, True))
+            setattr(module, name, lambda *a, _n=name, **k: Verdict(_n, True))
         if name.startswith("check_"):
             setattr(module, name, lambda *a, **k: print("✅ correct"))
 
@@ -279,7 +278,10 @@ def test_the_kernel_library_hides_each_labs_answers(tmp_path):
     assert "infer.kv_cache.KVCache" in hidden and "infer.memory.kv_bytes_per_token" in hidden
     library = kernel_library.build(hidden, tmp_path)
     copied = (library / "infer" / "kv_cache.py").read_text()
-    assert "is not in the kernel while a lab is graded" in copied and "index_copy_" not in copied.split("class KVCache")[1][:400]
+    assert (
+        "is not in the kernel while a lab is graded" in copied
+        and "index_copy_" not in copied.split("class KVCache")[1][:400]
+    )
     assert not list((library / "infer").rglob("answer_keys/*.json")), "the answer keys stay out of the kernel"
     assert str(find_lab("02")[0].parent.parent) in (library / "infer" / "paths.py").read_text()
 
@@ -310,5 +312,7 @@ def test_the_escapes_do_pass_checks_that_run_in_the_students_kernel(tmp_path, mo
     monkeypatch.delenv(GRADING_SALT_ENV, raising=False)
     notebook = tampered("04")
     run_cells(notebook, tmp_path, LIMITS)
-    lines = [o.get("text", "").strip() for c in notebook.cells for o in c.get("outputs", []) if "✅" in o.get("text", "")]
+    lines = [
+        o.get("text", "").strip() for c in notebook.cells for o in c.get("outputs", []) if "✅" in o.get("text", "")
+    ]
     assert len(lines) >= 3, "the fake checks printed passes in the student's own kernel"

@@ -7,10 +7,9 @@ The API that labs (and week 05's engine lab) build on:
 - `check_function(qid, fn, reference, cases, compare, success)` / `grade_function(...) -> Verdict`:
   a student's function run against the library's reference on every `Case`; `compare(got,
   expected)` returns None or what differs. A function (or class, or subclass) that *is* the
-  library's own, imported rather than written, fails before any case runs (`library_origin`), and
-  so does one that calls a library reference, or any of the `forbidden` library functions and
-  classes that compute what the exercise asks, to get its answer (`LibraryCalls`). A lab whose
-  students are meant to subclass a library base class must not hand that class to these checks.
+  library's own, imported rather than written, fails before any case runs (`library_origin`). A
+  lab whose students are meant to subclass a library base class must not hand that class to these
+  checks.
 - `close_to(rel_tol, unit)` and `same_tokens` are ready-made comparisons; `case_rngs(qid)` gives
   the seeded generators a check draws its cases from (at grading, one more that nobody saw);
   `OpWatch` records the aten ops that code runs and the shapes they produce, so a check can refuse
@@ -363,62 +362,6 @@ def library_verdict(qid: str, obj: Any) -> Verdict | None:
     )
 
 
-def library_call_verdict(qid: str, reference: Callable) -> Verdict:
-    """The failing verdict for a student function that called `reference` (seen by LibraryCalls)."""
-    return Verdict(
-        qid,
-        False,
-        f"your function calls the course library's own {library_origin(reference)}, "
-        f"which gives the answer: the lab asks you to write it yourself",
-    )
-
-
-def watched_code(reference: Any) -> list:
-    """The code objects whose run means `reference` ran: a function's own (unwrapped: decorators
-    such as torch.no_grad share one wrapper code object among all they wrap), or, for a library
-    class, those of every method it and its library bases define (so that a factory, a proxy or a
-    `__new__` that hands out the library's class is seen as soon as it is built or used)."""
-    if isinstance(reference, type):
-        codes = []
-        for klass in reference.__mro__:
-            if (getattr(klass, "__module__", None) or "").startswith(LIBRARY_PACKAGE):
-                for value in vars(klass).values():
-                    value = value.fget if isinstance(value, property) else getattr(value, "__func__", value)
-                    if inspect.isfunction(value):
-                        codes.append(inspect.unwrap(value).__code__)
-        return codes
-    code = getattr(inspect.unwrap(reference), "__code__", None)
-    return [code] if code is not None else []
-
-
-class LibraryCalls:
-    """Inside `with LibraryCalls(*references) as calls:`, `calls.seen` becomes the first of
-    `references` that runs (None while none has), counting only the course library's functions and
-    classes: a student function that only wraps one (`return ttft_and_tpot_ms(...)`, or a lambda, a
-    partial, a getattr, a factory, a proxy: each ends in a call) is the library's, not the
-    student's. Calls are watched, not names. Uses the interpreter's profile hook, for this thread
-    only."""
-
-    def __init__(self, *references: Callable):
-        self.watched = {code: r for r in references if library_origin(r) for code in watched_code(r)}
-        self.seen = None
-
-    def _hook(self, frame, event, arg):
-        if event == "call" and self.seen is None:
-            self.seen = self.watched.get(frame.f_code)
-
-    def __enter__(self):
-        if self.watched:
-            self.previous = sys.getprofile()
-            sys.setprofile(self._hook)
-        return self
-
-    def __exit__(self, *exc):
-        if self.watched:
-            sys.setprofile(self.previous)
-        return False
-
-
 def grade_function(
     qid: str,
     fn: Callable,
@@ -426,11 +369,8 @@ def grade_function(
     cases: Iterable[Case],
     compare: Callable[[Any, Any], str | None],
     success: str,
-    forbidden: Iterable[Callable] = (),
 ) -> Verdict:
-    """Run `fn` and `reference` on every case; `compare(got, expected)` returns None or what differs.
-    `fn` fails if it calls `reference` or any of `forbidden` (library functions that compute what
-    the exercise asks)."""
+    """Run `fn` and `reference` on every case; `compare(got, expected)` returns None or what differs."""
     if not callable(fn):
         return Verdict(qid, False, f"expected a function, got {_kind_of(fn)}")
     borrowed = library_verdict(qid, fn)
@@ -441,16 +381,11 @@ def grade_function(
         count += 1
         kwargs = case.kwargs or {}
         try:
-            with LibraryCalls(reference, *forbidden) as calls:
-                got = fn(*case.args, **kwargs)
+            got = fn(*case.args, **kwargs)
         except Exception as exc:  # the student's bug, reported as one line rather than a traceback
-            if calls.seen:  # it raised inside a library function it had no business calling: say that
-                return library_call_verdict(qid, calls.seen)
             if isinstance(exc, NotImplementedError):
                 return Verdict(qid, False, f"not implemented yet ({exc})" if str(exc) else "not implemented yet")
             return Verdict(qid, False, f"on {case.description}, raised {type(exc).__name__}: {exc}")
-        if calls.seen:
-            return library_call_verdict(qid, calls.seen)
         problem = compare(got, reference(*case.args, **kwargs))
         if problem:
             return Verdict(qid, False, f"on {case.description}, {problem}")
@@ -464,9 +399,8 @@ def check_function(
     cases: Iterable[Case],
     compare: Callable[[Any, Any], str | None],
     success: str,
-    forbidden: Iterable[Callable] = (),
 ) -> None:
-    print(grade_function(qid, fn, reference, cases, compare, success, forbidden).line)
+    print(grade_function(qid, fn, reference, cases, compare, success).line)
 
 
 def same_tokens(got, expected) -> str | None:

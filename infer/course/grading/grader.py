@@ -18,11 +18,11 @@ check must print. For each student the grader assembles a notebook in the lab's 
   solution block (the whole cell when it has none). The student's answer in a mixed cell (`answer_q1
   = ...` above `check_answer(...)`) runs first as a cell of its own. So a deleted, edited or
   unmarked check cell is graded anyway, and a line the student saved counts for nothing;
-- before the trusted part, the course's check modules are dropped from `sys.modules` and imported
-  afresh, so that a student who redefines `check_answer`, `Verdict` or anything else in
-  `infer.course` (in the notebook or in the module) does not pass. Code that patches torch, the
-  library or the interpreter inside its own kernel can still fool a check there, and is for the
-  instructor to read in graded/.
+- the check itself runs in this process, never in the student's kernel (checker_side.py): the
+  check cell in the kernel only answers it (kernel_side.py), over a socket, with plain data
+  (wire.py); the kernel imports a copy of the library without the lab's answers
+  (kernel_library.py). So a redefined, patched or hooked check module, or a saved line, changes
+  nothing: the line is the checker's, written into the cell's output for the instructor.
 A check earns its points (`grade.points` in the solution cell's metadata, default 1; its id is
 `grade.id`, or the qid its line prints, such as 02.q3) when its cell prints exactly the
 expected line.
@@ -41,9 +41,10 @@ folder), without network but its own loopback, unable to see the homes, /tmp, th
 submissions or the solutions, with memory, CPU-time and file-size limits of its own, and with
 cores / jobs threads (so that parallel kernels do not fight over the cores). The checks build
 their own models and inputs; at grading they also run cases no student saw (a salt, new for each
-run and written into gradebook.json, seeds them: infer.course.grading.checks.case_rngs), so code written
-to the cases a student saw at home fails. Cells the solution marks `"grade": {"skip": why}` only
-measure: they are not run at grading, so that time never costs a point.
+run, held in this process and written into gradebook.json, seeds them:
+infer.course.grading.checks.case_rngs), so code written to the cases a student saw at home fails.
+Cells the solution marks `"grade": {"skip": why}` only measure: they are not run at grading, so
+that time never costs a point.
 
 Why not nbval for this. nbval stays the engine of record for the lectures and solutions (`make
 test`), but it cannot grade: it compares a notebook with the outputs stored in that same notebook

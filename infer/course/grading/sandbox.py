@@ -35,8 +35,8 @@ a fork bomb (the number of processes is not limited: without cgroups, a limit on
 size of one file; the CPU and memory the kernel's tmpfs mounts take (their size is capped); the
 kernel's reading of the course library, the interpreter and anything else outside the hidden
 folders (nothing secret lives there: students have the course); side channels (timing, CPU
-load). And code that patches torch or the course library inside its own kernel can still fool a
-check there; the grader's fresh imports and its own models limit what that can reach."""
+load). The checks themselves never run in the kernel (checker_side.py says what that boundary
+does not cover)."""
 
 import ctypes
 import fcntl

@@ -3,8 +3,8 @@
 At grading, a check runs in the checker's process and the student's code in the student's kernel.
 They talk over a Unix socket, one `Conversation` per check, and exchange only plain data:
 numbers, strings, lists, tuples, dicts, sets, slices, tensors and numpy arrays (their bytes, dtype
-and shape), dtypes and devices, and the course's own frozen dataclasses and named tuples rebuilt from their fields. Never a
-pickle: nothing the kernel sends can make the checker run code of the kernel's choosing.
+and shape), dtypes and devices, and the course's own frozen dataclasses and named tuples rebuilt
+from their fields. Never a pickle: nothing the kernel sends can make the checker run code of the kernel's choosing.
 
 Everything else stays where it lives and crosses as a *handle*: the other side gets a `Remote`
 that forwards calls, attribute reads and the container protocol back over the wire. So a check

@@ -11,9 +11,8 @@ waits for its token: it keeps the device busy a little longer after every forwar
 device is done. On a CPU there is nothing to wait for, so nothing about synchronizing can be
 checked there, and nothing is claimed. The check runs on a model it loads itself.
 
-No function may call a course-library function that computes what it asks (REFUSED, watched as
-calls, so a lambda, a wrapper or a partial around one fails too); the helpers the lab hands out
-(GIVEN) are allowed."""
+At grading the library code that computes the answers (HIDDEN_AT_GRADING) is not in the student's
+kernel; the helpers the lab hands out (GIVEN) are."""
 
 import contextlib
 import time
@@ -33,12 +32,17 @@ NAIVE_QID, TTFT_QID, INTENSITY_QID = "01.lab.naive_loop", "01.lab.ttft_tpot", "0
 NAIVE_NEW_TOKENS = 12
 SLOW_DEVICE_MS = 50.0  # extra device time after every forward pass while the timestamps are checked (CUDA)
 
-# What each exercise must not call: every course-library function that computes its answer.
-REFUSED = {
-    NAIVE_QID: (hf.greedy_generate, naive_greedy_generate, cached_greedy_generate),
-    TTFT_QID: (ttft_and_tpot_ms, token_gaps_ms, request_latencies_ms, calculate_metrics),
-    INTENSITY_QID: (matmul_arithmetic_intensity,),
-}
+# What the lab's kernel lacks at grading (see kernel_library): the library code that computes the answers.
+HIDDEN_AT_GRADING = (
+    hf.greedy_generate,
+    naive_greedy_generate,
+    cached_greedy_generate,
+    ttft_and_tpot_ms,
+    token_gaps_ms,
+    request_latencies_ms,
+    calculate_metrics,
+    matmul_arithmetic_intensity,
+)
 # What the lab hands out on purpose, and allows.
 GIVEN = {NAIVE_QID: (hf.forward, synchronize)}
 
@@ -105,7 +109,6 @@ def grade_naive_loop(naive_greedy_generate, model=None, prompts: int = 5) -> Ver
         cases,
         same_tokens,
         "",
-        forbidden=REFUSED[NAIVE_QID],
     )
     if not verdict.ok:
         return verdict
@@ -284,7 +287,6 @@ def grade_ttft_tpot(student_ttft_and_tpot_ms, requests: int = 6) -> Verdict:
         cases,
         close_to(1e-6, unit="ms"),
         f"TTFT and TPOT match on {requests} random requests",
-        forbidden=REFUSED[qid],
     )
 
 
@@ -306,13 +308,8 @@ def grade_intensity(student_intensity, shapes: int = 6) -> Verdict:
         cases,
         close_to(1e-6, unit="FLOP/byte"),
         f"arithmetic intensity matches on {shapes} matmul shapes",
-        forbidden=REFUSED[qid],
     )
 
 
 def check_intensity(student_intensity, shapes: int = 6) -> None:
     print(grade_intensity(student_intensity, shapes).line)
-
-
-# What the kernel lacks at grading (kernel_library): the library code that computes these answers.
-HIDDEN_AT_GRADING = tuple({obj: None for refused in REFUSED.values() for obj in refused})

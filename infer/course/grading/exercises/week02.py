@@ -8,8 +8,8 @@ the next), allocate in the dtype and on the device it is given, take a write tha
 slot and refuse one past it; a cached loop must feed the model the prompt once, then one token per
 decode step. They run on a model they load themselves.
 
-No exercise may call a course-library function or class that computes what it asks (REFUSED,
-watched as calls: a lambda, a factory, a proxy, a `__new__` or a partial around one fails too)."""
+At grading the library code that computes the answers (HIDDEN_AT_GRADING) is not in the student's
+kernel."""
 
 import random
 
@@ -18,14 +18,12 @@ import torch
 from infer import hf, memory
 from infer.course.grading.checks import (
     Case,
-    LibraryCalls,
     OpWatch,
     Verdict,
     as_number,
     case_rngs,
     close_to,
     grade_function,
-    library_call_verdict,
     library_verdict,
     own_model,
     same_tokens,
@@ -42,19 +40,22 @@ from infer.prompts import random_prompt_ids
 CACHE_QID, LOOP_QID = "02.lab.kv_cache", "02.lab.cached_loop"
 KV_BYTES_QID, CONCURRENCY_QID = "02.lab.kv_bytes", "02.lab.concurrency"
 
-# What each exercise must not call: every course-library function or class that computes its answer.
-REFUSED = {
-    CACHE_QID: (KVCache, ConcatKVCache),
-    LOOP_QID: (hf.greedy_generate, cached_greedy_generate, naive_greedy_generate, Engine),
-    KV_BYTES_QID: (memory.kv_token_bytes, memory.kv_bytes_per_token),
-    CONCURRENCY_QID: (
-        memory.sequences_that_fit,
-        memory.max_concurrent_sequences,
-        memory.kv_tokens_that_fit,
-        memory.kv_budget_bytes,
-        memory.memory_plan,
-    ),
-}
+# What the lab's kernel lacks at grading (see kernel_library): the library code that computes the answers.
+HIDDEN_AT_GRADING = (
+    KVCache,
+    ConcatKVCache,
+    hf.greedy_generate,
+    cached_greedy_generate,
+    naive_greedy_generate,
+    Engine,
+    memory.kv_token_bytes,
+    memory.kv_bytes_per_token,
+    memory.sequences_that_fit,
+    memory.max_concurrent_sequences,
+    memory.kv_tokens_that_fit,
+    memory.kv_budget_bytes,
+    memory.memory_plan,
+)
 EXACT_FIT = "a write that ends exactly at max_len fits the slot (positions 0..max_len-1); only one past it must raise"
 GROWTH_OPS = ("aten::cat", "aten::stack", "aten::constant_pad_nd")  # ways to grow a tensor instead of writing into one
 
@@ -69,34 +70,30 @@ def grade_kv_cache(student_cache_class, hf_model=None, qid: str = CACHE_QID, rou
     borrowed = library_verdict(qid, student_cache_class)
     if borrowed:
         return borrowed
-    calls = LibraryCalls(*REFUSED[CACHE_QID])  # entered around every call into the student's class
     try:
-        verdict = _cache_verdict(student_cache_class, hf_model, qid, rounds, calls)
+        return _cache_verdict(student_cache_class, hf_model, qid, rounds)
     except NotImplementedError as exc:
-        verdict = Verdict(qid, False, f"not implemented yet ({exc})" if str(exc) else "not implemented yet")
-    if calls.seen:
-        return library_call_verdict(qid, calls.seen)
-    return verdict
+        return Verdict(qid, False, f"not implemented yet ({exc})" if str(exc) else "not implemented yet")
 
 
-def _cache_verdict(student_cache_class, hf_model, qid: str, rounds: int, calls: LibraryCalls) -> Verdict:
+def _cache_verdict(student_cache_class, hf_model, qid: str, rounds: int) -> Verdict:
     for rng in case_rngs(qid):
         for _ in range(rounds):
-            verdict = _random_writes_and_reads(student_cache_class, rng, qid, calls)
+            verdict = _random_writes_and_reads(student_cache_class, rng, qid)
             if verdict is not None:
                 return verdict
     for step in (_dtype_and_device, _write_past_capacity):
-        verdict = step(student_cache_class, qid, calls)
+        verdict = step(student_cache_class, qid)
         if verdict is not None:
             return verdict
-    return _generation_through(student_cache_class, hf_model, case_rngs(qid)[-1], qid, calls)
+    return _generation_through(student_cache_class, hf_model, case_rngs(qid)[-1], qid)
 
 
 def check_kv_cache(student_cache_class, hf_model=None) -> None:
     print(grade_kv_cache(student_cache_class, hf_model).line)
 
 
-def _random_writes_and_reads(cache_class, rng: random.Random, qid: str, calls: LibraryCalls) -> Verdict | None:
+def _random_writes_and_reads(cache_class, rng: random.Random, qid: str) -> Verdict | None:
     layers, seqs, max_len, kv_heads, head_dim = (
         rng.randint(1, 3),
         rng.randint(1, 4),
@@ -107,8 +104,7 @@ def _random_writes_and_reads(cache_class, rng: random.Random, qid: str, calls: L
     shape_text = f"num_layers={layers}, max_seqs={seqs}, max_len={max_len}, kv_heads={kv_heads}, head_dim={head_dim}"
     generator = torch_generator(rng)
     try:
-        with calls:
-            theirs = cache_class(layers, seqs, max_len, kv_heads, head_dim)
+        theirs = cache_class(layers, seqs, max_len, kv_heads, head_dim)
     except NotImplementedError:
         raise
     except Exception as exc:  # the student's bug, as one line
@@ -128,11 +124,10 @@ def _random_writes_and_reads(cache_class, rng: random.Random, qid: str, calls: L
         for layer_all in range(layers):  # the model writes every layer; keep the two caches in step
             ours.write(layer_all, seq, start, k, v)
         try:
-            with OpWatch() as watch, calls:
+            with OpWatch() as watch:
                 for layer_all in range(layers):
                     theirs.write(layer_all, seq, start, k, v)
-            with calls:
-                got_k, got_v = theirs.read(layer, seq, start + n)
+            got_k, got_v = theirs.read(layer, seq, start + n)
         except NotImplementedError:
             raise
         except Exception as exc:
@@ -177,7 +172,7 @@ def _random_writes_and_reads(cache_class, rng: random.Random, qid: str, calls: L
     return None
 
 
-def _dtype_and_device(cache_class, qid: str, calls: LibraryCalls) -> Verdict | None:
+def _dtype_and_device(cache_class, qid: str) -> Verdict | None:
     """The buffers take the dtype and the device the constructor is given (the model's): a cache
     made for a bf16 model must hold bf16, and one for a model on a GPU must live there. The device
     is checked with PyTorch's "meta" device, which holds shapes without data, so that any
@@ -186,11 +181,10 @@ def _dtype_and_device(cache_class, qid: str, calls: LibraryCalls) -> Verdict | N
         asked = f"dtype={dtype}, device={device!r}"
         k = torch.arange(12, dtype=dtype, device="cpu").reshape(2, 3, 2).to(device)
         try:
-            with calls:
-                cache = cache_class(1, 2, 5, 2, 2, dtype=dtype, device=device)
-                if device != "meta":  # a meta tensor holds no data to write: only where it lives is checked
-                    cache.write(0, 1, 0, k, -k)
-                got_k, got_v = cache.read(0, 1, 3)
+            cache = cache_class(1, 2, 5, 2, 2, dtype=dtype, device=device)
+            if device != "meta":  # a meta tensor holds no data to write: only where it lives is checked
+                cache.write(0, 1, 0, k, -k)
+            got_k, got_v = cache.read(0, 1, 3)
         except NotImplementedError:
             raise
         except Exception as exc:
@@ -221,14 +215,12 @@ def _dtype_and_device(cache_class, qid: str, calls: LibraryCalls) -> Verdict | N
     return None
 
 
-def _write_past_capacity(cache_class, qid: str, calls: LibraryCalls) -> Verdict | None:
-    with calls:
-        cache = cache_class(1, 2, 11, 2, 4)
-        cache.write(0, 1, 0, torch.zeros(2, 9, 4, device="cpu"), torch.zeros(2, 9, 4, device="cpu"))
+def _write_past_capacity(cache_class, qid: str) -> Verdict | None:
+    cache = cache_class(1, 2, 11, 2, 4)
+    cache.write(0, 1, 0, torch.zeros(2, 9, 4, device="cpu"), torch.zeros(2, 9, 4, device="cpu"))
     last_two = torch.ones(2, 2, 4, device="cpu")  # positions 9 and 10: exactly fills a max_len=11 slot
     try:
-        with calls:
-            cache.write(0, 1, 9, last_two, last_two)
+        cache.write(0, 1, 9, last_two, last_two)
     except NotImplementedError:
         raise
     except Exception as exc:
@@ -238,13 +230,11 @@ def _write_past_capacity(cache_class, qid: str, calls: LibraryCalls) -> Verdict 
             f"a write of positions 9..10 into a slot of max_len=11 raised {type(exc).__name__}: "
             f"{str(exc)[:80]!r}: {EXACT_FIT}",
         )
-    with calls:
-        cache = cache_class(1, 2, 11, 2, 4)
-        cache.write(0, 1, 0, torch.zeros(2, 9, 4, device="cpu"), torch.zeros(2, 9, 4, device="cpu"))
+    cache = cache_class(1, 2, 11, 2, 4)
+    cache.write(0, 1, 0, torch.zeros(2, 9, 4, device="cpu"), torch.zeros(2, 9, 4, device="cpu"))
     try:
         past_the_end = torch.zeros(2, 3, 4, device="cpu")  # positions 9, 10, 11 of a max_len=11 slot
-        with calls:
-            cache.write(0, 1, 9, past_the_end, past_the_end)
+        cache.write(0, 1, 9, past_the_end, past_the_end)
     except NotImplementedError:
         raise
     except Exception as exc:
@@ -265,7 +255,7 @@ def _write_past_capacity(cache_class, qid: str, calls: LibraryCalls) -> Verdict 
     )
 
 
-def _generation_through(cache_class, hf_model, rng: random.Random, qid: str, calls: LibraryCalls) -> Verdict:
+def _generation_through(cache_class, hf_model, rng: random.Random, qid: str) -> Verdict:
     hf_model = hf.float32_copy(hf_model if hf_model is not None else own_model())  # float32: bf16 rounds otherwise
     model = Transformer.from_hf(hf_model)
     arch: Arch = model.arch
@@ -273,17 +263,16 @@ def _generation_through(cache_class, hf_model, rng: random.Random, qid: str, cal
     weight = model.embed.weight  # the model's dtype and device: the cache must take both (a GPU needs it there)
     prompt = random_prompt_ids(hf_model.config, length, seed=rng.randrange(2**31)).to(weight.device)
     try:
-        with calls:
-            cache = cache_class(
-                arch.num_layers,
-                1,
-                length + new_tokens,
-                arch.num_kv_heads,
-                arch.head_dim,
-                dtype=weight.dtype,
-                device=weight.device,
-            )
-            got = cached_greedy_generate(model, prompt, new_tokens, cache)
+        cache = cache_class(
+            arch.num_layers,
+            1,
+            length + new_tokens,
+            arch.num_kv_heads,
+            arch.head_dim,
+            dtype=weight.dtype,
+            device=weight.device,
+        )
+        got = cached_greedy_generate(model, prompt, new_tokens, cache)
     except Exception as exc:
         return Verdict(qid, False, f"generating through your cache raised {type(exc).__name__}: {exc}")
     problem = same_tokens(got, hf.greedy_generate(hf_model, prompt, new_tokens))
@@ -341,7 +330,7 @@ def grade_cached_loop(student_generate, hf_model=None, prompts: int = 5) -> Verd
     def reference(_model, ids, new_tokens, _cache):
         return hf.greedy_generate(hf_model, ids, new_tokens)
 
-    verdict = grade_function(qid, student_generate, reference, cases, same_tokens, "", forbidden=REFUSED[qid])
+    verdict = grade_function(qid, student_generate, reference, cases, same_tokens, "")
     if not verdict.ok:
         return verdict
     for case in cases:
@@ -406,7 +395,6 @@ def grade_kv_bytes(student_kv_bytes_per_token) -> Verdict:
         cases,
         close_to(1e-9, unit="bytes"),
         f"KV bytes per token match on {visible} model shapes",
-        forbidden=REFUSED[qid],
     )
 
 
@@ -460,7 +448,6 @@ def grade_concurrency(student_max_concurrent_sequences) -> Verdict:
         cases,
         _whole_sequences,
         f"whole sequences that fit match on {visible} model/card combinations",
-        forbidden=REFUSED[qid],
     )
 
 
@@ -479,7 +466,3 @@ def _whole_sequences(got, expected) -> str | None:
     if got != expected:
         return f"got {got:,.0f} sequences, expected {expected:,}"
     return None
-
-
-# What the kernel lacks at grading (kernel_library): the library code that computes these answers.
-HIDDEN_AT_GRADING = tuple({obj: None for refused in REFUSED.values() for obj in refused})

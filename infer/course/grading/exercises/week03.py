@@ -7,8 +7,8 @@ to a limit), and compares the student's function with infer.metrics. When a valu
 check recomputes it the ways students get it wrong (failed requests counted, `<` for `<=`...)
 and names the one that matches.
 
-No function may call a course-library function that computes what it asks (REFUSED, watched as
-calls, so a lambda, a def or getattr around one fails too)."""
+At grading the library code that computes the answers (HIDDEN_AT_GRADING) is not in the student's
+kernel."""
 
 import dataclasses
 import math
@@ -34,12 +34,17 @@ LATENCIES_QID, METRICS_QID, GOODPUT_QID, GRID_QID = (
     "03.lab.goodput",
     "03.lab.grid",
 )
-# What each exercise must not call: every course-library function that computes its answer.
-REFUSED = {
-    LATENCIES_QID: (request_latencies_ms, calculate_metrics, ttft_and_tpot_ms, token_gaps_ms),
-    METRICS_QID: (calculate_metrics, request_latencies_ms, summarize_ms, benchmark_duration_s, request_goodput),
-    GOODPUT_QID: (request_goodput, meets_slo, calculate_metrics, request_latencies_ms, benchmark_duration_s),
-}
+# What the lab's kernel lacks at grading (see kernel_library): the library code that computes the answers.
+HIDDEN_AT_GRADING = (
+    request_latencies_ms,
+    calculate_metrics,
+    ttft_and_tpot_ms,
+    token_gaps_ms,
+    summarize_ms,
+    benchmark_duration_s,
+    request_goodput,
+    meets_slo,
+)
 
 # The keys the lab's serving_metrics() returns (a subset of vLLM's result keys).
 LAB_METRIC_KEYS = (
@@ -141,7 +146,6 @@ def grade_latencies(student_latencies_ms, requests: int = 12) -> Verdict:
         cases,
         _compare_latencies,
         f"TTFT, TPOT and E2EL match on {requests} random requests (one-token and multi-token chunks included)",
-        forbidden=REFUSED[qid],
     )
 
 
@@ -256,7 +260,6 @@ def grade_serving_metrics(student_serving_metrics, runs: int = 5) -> Verdict:
         cases,
         _compare_metrics,
         f"{len(LAB_METRIC_KEYS)} metrics match vLLM's definitions on {runs} random runs",
-        forbidden=REFUSED[qid],
     )
 
 
@@ -371,7 +374,6 @@ def grade_goodput(student_goodput, runs: int = 8) -> Verdict:
         cases,
         _compare_goodput,
         f"goodput matches on {runs} random runs and SLO sets",
-        forbidden=REFUSED[qid],
     )
 
 
@@ -428,7 +430,3 @@ def grade_grid(grid) -> Verdict:
 
 def check_grid(grid) -> None:
     print(grade_grid(grid).line)
-
-
-# What the kernel lacks at grading (kernel_library): the library code that computes these answers.
-HIDDEN_AT_GRADING = tuple({obj: None for refused in REFUSED.values() for obj in refused})

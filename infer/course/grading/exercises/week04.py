@@ -6,8 +6,8 @@ scaled_dot_product_attention, through a tensor as large as a [block, N] strip of
 scores (a matmul, exp or softmax) spanning more keys than one block, are not tiled attention: the
 last catches a loop over strips of query rows with a plain softmax over all keys.
 
-No function may call a course-library function that computes what it asks (REFUSED, watched as
-calls); `block_state` and `SoftmaxState` are given on purpose (GIVEN)."""
+At grading the library code that computes the answers (HIDDEN_AT_GRADING) is not in the student's
+kernel; `block_state` and `SoftmaxState` are given on purpose (GIVEN)."""
 
 import torch
 
@@ -33,21 +33,18 @@ SDPA_OPS = ("scaled_dot_product",)  # every SDPA backend's aten op has this in i
 # Ops that compute scores or their weights: none may span more keys than one block in a tiled pass.
 SCORE_OPS = ("aten::mm", "aten::bmm", "aten::addmm", "aten::baddbmm", "aten::_softmax", "aten::exp")
 
-# What each exercise must not call: every course-library function that computes its answer.
-REFUSED = {
-    MERGE_QID: (merge_states,),
-    TILED_QID: (
-        tiled_attention,
-        naive_attention,
-        reference_attention,
-        sdpa_attention,
-        flash_attn_package,
-        triton_attention,
-        causal_attention,
-        merge_states,
-    ),
-    BYTES_QID: (score_matrix_bytes,),
-}
+# What the lab's kernel lacks at grading (see kernel_library): the library code that computes the answers.
+HIDDEN_AT_GRADING = (
+    merge_states,
+    tiled_attention,
+    naive_attention,
+    reference_attention,
+    sdpa_attention,
+    flash_attn_package,
+    triton_attention,
+    causal_attention,
+    score_matrix_bytes,
+)
 GIVEN = {TILED_QID: (block_state, SoftmaxState)}
 
 
@@ -79,7 +76,6 @@ def grade_merge(student_merge, cases: int = 6) -> Verdict:
         examples,
         _state_problem,
         f"merged states equal the two-block states on {cases} random cases",
-        forbidden=REFUSED[qid],
     )
 
 
@@ -153,9 +149,7 @@ def grade_tiled(student_tiled, cases: int = 5) -> Verdict:
                     (q, k, v, causal, block),
                 )
             )
-    verdict = grade_function(
-        TILED_QID, student_tiled, _reference_for, examples, _output_problem(1e-5), "", forbidden=REFUSED[TILED_QID]
-    )
+    verdict = grade_function(TILED_QID, student_tiled, _reference_for, examples, _output_problem(1e-5), "")
     if not verdict.ok:
         return verdict
     return _watched_call_verdict(student_tiled, cases)
@@ -238,13 +232,8 @@ def grade_score_bytes(student_score_bytes, cases: int = 6) -> Verdict:
         examples,
         close_to(1e-9, unit="bytes"),
         f"score-matrix bytes match on {cases} shapes",
-        forbidden=REFUSED[qid],
     )
 
 
 def check_score_bytes(student_score_bytes, cases: int = 6) -> None:
     print(grade_score_bytes(student_score_bytes, cases).line)
-
-
-# What the kernel lacks at grading (kernel_library): the library code that computes these answers.
-HIDDEN_AT_GRADING = tuple({obj: None for refused in REFUSED.values() for obj in refused})

@@ -14,23 +14,15 @@
   run in lockstep on the same schedule (the same batches, so the same arithmetic in any dtype;
   tests/test_engine.py shows that engine equal to single-request greedy in float32).
 
-Neither function may call a course-library function that computes what it asks (REFUSED, watched
-as calls); at grading, both also run traces and requests no student saw.
+At grading the library code that computes the answers (HIDDEN_AT_GRADING) is not in the student's
+kernel, and both checks also run traces and requests no student saw.
 """
 
 import numbers
 import random
 
 from infer import hf
-from infer.course.grading.checks import (
-    LibraryCalls,
-    Verdict,
-    case_rngs,
-    library_call_verdict,
-    library_verdict,
-    own_model,
-    same_tokens,
-)
+from infer.course.grading.checks import Verdict, case_rngs, library_verdict, own_model, same_tokens
 from infer.engine import Engine, SamplingParams
 from infer.engine.model_runner import ModelRunner, flatten, step_runs
 from infer.engine.scheduler import PrefillFirst, admit_continuous, admit_static, chunked_token_counts
@@ -39,11 +31,16 @@ from infer.model import Transformer
 
 ADMISSION_QID = "05.lab.admission"
 STEP_QID = "05.lab.step_forward"
-# What each exercise must not call: every course-library function or class that computes its answer.
-REFUSED = {
-    ADMISSION_QID: (admit_continuous, admit_static, chunked_token_counts),
-    STEP_QID: (flatten, step_runs, ModelRunner, Engine),
-}
+# What the lab's kernel lacks at grading (see kernel_library): the library code that computes the answers.
+HIDDEN_AT_GRADING = (
+    admit_continuous,
+    admit_static,
+    chunked_token_counts,
+    flatten,
+    step_runs,
+    ModelRunner,
+    Engine,
+)
 
 
 # ---------------------------------------------------------------- admission
@@ -218,13 +215,10 @@ def grade_admission(student_admit) -> Verdict:
     for description, trace, slots, budget in cases:
         expected = _batches(admit_continuous, trace, slots, budget)
         try:
-            with LibraryCalls(*REFUSED[qid]) as calls:
-                got = _batches(_answers_checked(student_admit), trace, slots, budget)
+            got = _batches(_answers_checked(student_admit), trace, slots, budget)
         except AdmissionAnswer as exc:
             return Verdict(qid, False, f"on {description}, {exc}")
         except Exception as exc:  # noqa: BLE001 - the student's bug, as one line
-            if calls.seen:
-                return library_call_verdict(qid, calls.seen)
             if isinstance(exc, NotImplementedError):
                 return Verdict(qid, False, f"not implemented yet ({exc})" if str(exc) else "not implemented yet")
             reason = next(
@@ -236,8 +230,6 @@ def grade_admission(student_admit) -> Verdict:
                 f"on {description}, the engine failed: {type(exc).__name__}: {exc}"
                 + (f" ({reason})" if reason else ""),
             )
-        if calls.seen:
-            return library_call_verdict(qid, calls.seen)
         if got != expected:
             step = next(
                 i for i, (g, e) in enumerate(zip(got + [None] * len(expected), expected + [None] * len(got))) if g != e
@@ -354,16 +346,11 @@ def _drive(student_step, model, cases, engine_name: str, settings: dict) -> Verd
         counting.calls.clear()
         forwards += 1
         try:
-            with LibraryCalls(*REFUSED[qid]) as calls:
-                tokens = student_step(counting, engine.kv_store.cache, work)
+            tokens = student_step(counting, engine.kv_store.cache, work)
         except Exception as exc:  # noqa: BLE001
-            if calls.seen:
-                return library_call_verdict(qid, calls.seen)
             if isinstance(exc, NotImplementedError):
                 return Verdict(qid, False, f"not implemented yet ({exc})" if str(exc) else "not implemented yet")
             return Verdict(qid, False, f"{where} ({len(work)} items), raised {type(exc).__name__}: {exc}")
-        if calls.seen:
-            return library_call_verdict(qid, calls.seen)
         sampling = sum(item.samples for item in work)
         if len(counting.calls) != 1:
             return Verdict(
@@ -412,7 +399,3 @@ def _drive(student_step, model, cases, engine_name: str, settings: dict) -> Verd
 
 def check_step_forward(student_step, model=None) -> None:
     print(grade_step_forward(student_step, model).line)
-
-
-# What the kernel lacks at grading (kernel_library): the library code that computes these answers.
-HIDDEN_AT_GRADING = tuple({obj: None for refused in REFUSED.values() for obj in refused})

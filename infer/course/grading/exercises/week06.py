@@ -9,9 +9,9 @@ The budget picker is checked on scripted sweeps, each holding one rule the lab s
 equal to a limit meets it, ties go to the smaller budget, goodput is per second of the run), then
 on random sweeps in which the throughput-best, the TTFT-only and the goodput-best budgets differ.
 
-Neither function may call a course-library function that computes its answer (watched as calls,
-so a lambda, a partial or a getattr around one fails too): `chunked_token_counts` for the
-decision; for the picker, `best_budget` and the goodput and SLO functions of `infer.metrics`."""
+At grading the library code that computes the answer (HIDDEN_AT_GRADING) is not in the student's
+kernel: `chunked_token_counts` for the decision; for the picker, `best_budget` and the goodput and
+SLO functions."""
 
 import math
 import random
@@ -30,7 +30,7 @@ from infer.engine.simulator import simulate
 from infer.engine.step_costs import FixedStepCost
 from infer.engine.step_record import StepRecord
 from infer.experiments.chunked_prefill import best_budget
-from infer.metrics import RequestLatencies, calculate_metrics, meets_slo, request_goodput
+from infer.metrics import RequestLatencies, meets_slo, request_goodput
 
 DECISION_QID = "06.lab.decision"
 BUDGET_QID = "06.lab.budget"
@@ -279,8 +279,8 @@ def reference_best_budget(records: list[dict], slo_ms: dict[str, float]) -> int:
     return max(records, key=lambda r: (goodput_of(r, slo_ms), -r["max_num_batched_tokens"]))["max_num_batched_tokens"]
 
 
-# Library functions that compute what pick_budget asks: a pick that calls one fails, naming it.
-BUDGET_FORBIDDEN = (best_budget, goodput_of, meets_slo, request_goodput, calculate_metrics)
+# What the lab's kernel lacks at grading (see kernel_library): the library code that computes the answers.
+HIDDEN_AT_GRADING = (chunked_token_counts, best_budget, goodput_of, meets_slo, request_goodput)
 
 
 def _scripted_record(
@@ -478,7 +478,6 @@ def grade_best_budget(pick, random_sweeps: int = 6) -> Verdict:
             [Case(description, (records, slo_ms))],
             _compare_budget(records, slo_ms),
             "",
-            forbidden=BUDGET_FORBIDDEN,
         )
         if not verdict.ok:
             return verdict
@@ -492,7 +491,3 @@ def grade_best_budget(pick, random_sweeps: int = 6) -> Verdict:
 
 def check_best_budget(pick, random_sweeps: int = 6) -> None:
     print(grade_best_budget(pick, random_sweeps).line)
-
-
-# What the kernel lacks at grading (kernel_library): the library code that computes these answers.
-HIDDEN_AT_GRADING = (*BUDGET_FORBIDDEN,)

@@ -8,8 +8,8 @@ a keep-alive comment before the first chunk, a chunk whose text is empty, severa
 chunk, no usage message, a `[DONE]` that comes late; at grading, also time-warped copies no student
 saw. A wrong answer is recomputed the usual wrong ways, and the message names the one that matches.
 
-The function may not call a course-library function that computes the timing (REFUSED, watched as
-calls, so a wrapper around `stream_record` fails too); `parse_sse_line` is given on purpose.
+At grading the library code that computes the timing (HIDDEN_AT_GRADING) is not in the student's
+kernel; `parse_sse_line` is given on purpose (GIVEN).
 """
 
 import asyncio
@@ -23,8 +23,8 @@ from infer.paths import REPO_ROOT
 from infer.serve.client import detailed_fields, parse_sse_line, stream_record
 
 QID = "07.lab.stream_timing"
-# What the exercise must not call: every course-library function that computes the timing.
-REFUSED = {QID: (stream_record, request_latencies_ms, calculate_metrics, detailed_fields)}
+# What the lab's kernel lacks at grading (see kernel_library): the library code that computes the timing.
+HIDDEN_AT_GRADING = (stream_record, request_latencies_ms, calculate_metrics, detailed_fields)
 GIVEN = {QID: (parse_sse_line,)}
 RECORDED_STREAMS = "07_recorded_streams.json"
 KEYS = ("ttft_ms", "itl_ms", "e2el_ms", "completion_tokens")
@@ -295,7 +295,6 @@ def grade_stream_timing(student_stream_timing) -> Verdict:
         all_cases,
         compare_timing,
         f"TTFT, ITL, E2EL and token counts match on {visible} recorded streams and variants",
-        forbidden=REFUSED[QID],
     )
 
 
@@ -344,7 +343,3 @@ def record_streams(lm) -> str:
     path = results_dir() / RECORDED_STREAMS
     path.write_text(json.dumps({"metadata": provenance(lm), "streams": streams}, indent=1) + "\n")
     return str(path)
-
-
-# What the kernel lacks at grading (kernel_library): the library code that computes these answers.
-HIDDEN_AT_GRADING = tuple({obj: None for refused in REFUSED.values() for obj in refused})

@@ -24,9 +24,8 @@ the blocks run out.
   gives is named by that mistake (the reference agrees with the library's scheduler:
   tests/test_exercises_week08.py).
 
-None of them may call the library's store: any of its methods, private helpers included, or the
-check's own references. Calls are watched, not names, so a subclass, a lambda, a delegating class
-or a getattr around one fails too, and the message names the function.
+At grading the library code that computes the answers (HIDDEN_AT_GRADING: the library's store and
+scheduler, and the check's own references) is not in the student's kernel.
 """
 
 import random
@@ -34,7 +33,7 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from infer.course.grading.checks import LibraryCalls, Verdict, case_rngs, library_origin, library_verdict
+from infer.course.grading.checks import Verdict, case_rngs, library_verdict
 from infer.engine.paged_kv_store import PagedKVStore
 from infer.engine.scheduler import Scheduler
 from infer.engine.sequence import SamplingParams, Sequence
@@ -61,32 +60,18 @@ def _listed(items: list[str]) -> str:
     return items[0] if len(items) == 1 else f"{', '.join(items[:-1])} and {items[-1]}"
 
 
-def _run_student(fn: Callable, description: str, *args, forbidden: tuple = (), on_error: str = ""):
-    """`fn(*args)`, the student's code, watched for calls to `forbidden`; a problem becomes _Stop."""
-    calls = LibraryCalls(*forbidden)
+def _run_student(fn: Callable, description: str, *args, on_error: str = ""):
+    """`fn(*args)`, the student's code; a problem becomes _Stop."""
     try:
-        with calls:
-            result = fn(*args)
+        return fn(*args)
     except Exception as exc:  # noqa: BLE001 - the student's bug (or stub), reported as one line
-        if calls.seen:
-            raise _Stop(_library_call_reason(calls.seen)) from None
         if isinstance(exc, NotImplementedError):
             raise _Stop(f"not implemented yet ({exc})" if str(exc) else "not implemented yet") from None
         raise _Stop(f"{description} raised {type(exc).__name__}: {exc}{on_error}") from None
-    if calls.seen:
-        raise _Stop(_library_call_reason(calls.seen))
-    return result
 
 
 def _what(value) -> str:
     return "None (a missing return?)" if value is None else f"a {type(value).__name__}"
-
-
-def _library_call_reason(function: Callable) -> str:
-    return (
-        f"your code calls the course library's own {library_origin(function)}: the lab asks you to write "
-        f"these yourself, without the library's store or scheduler"
-    )
 
 
 def _handed_in_verdict(qid: str, fn, signature: str) -> Verdict | None:
@@ -485,7 +470,6 @@ def _replay(allocator_class, trace: Trace) -> None:
         f"{where}, BlockAllocator({trace.num_blocks}, {trace.block_size})",
         trace.num_blocks,
         trace.block_size,
-        forbidden=FORBIDDEN,
     )
     store, live = PagedKVStore(trace.num_blocks, trace.block_size, enable_prefix_caching=True), {}
     state, expected = _student_state(allocator, trace.num_blocks), _library_state(store, live)
@@ -500,7 +484,7 @@ def _replay(allocator_class, trace: Trace) -> None:
         step = library_step(store, live, op)
         text = f"{where}, operation {number}, {_op_text(op, step.cached)}"
         if_it_raises = f": {_room_text(step)}, so it returns False and changes nothing" if step.fits is False else ""
-        got = _run_student(_student_step, text, allocator, op, step.cached, forbidden=FORBIDDEN, on_error=if_it_raises)
+        got = _run_student(_student_step, text, allocator, op, step.cached, on_error=if_it_raises)
         after, expected = _student_state(allocator, trace.num_blocks), _library_state(store, live)
         problem = (
             _answer_problem(op, step, got)
@@ -550,7 +534,7 @@ def reference_full_block_names(token_ids, block_size: int, block_name: Callable)
 
 def _named(block_name: Callable, parent, tokens: list[int], parent_text: str):
     call = f"block_name({parent_text}, {tokens})"
-    name = _run_student(block_name, call, parent, list(tokens), forbidden=FORBIDDEN)
+    name = _run_student(block_name, call, parent, list(tokens))
     if name is None:
         raise _Stop(f"{call} returned None (a missing return?): expected a name, such as a hash")
     try:
@@ -656,9 +640,7 @@ def grade_block_names(block_name, full_block_names) -> Verdict:
             return Verdict(qid, False, problem)
         cases = _chain_cases(rngs)
         for description, tokens, block_size in cases:
-            got = _run_student(
-                full_block_names, f"on {description}, full_block_names", list(tokens), block_size, forbidden=FORBIDDEN
-            )
+            got = _run_student(full_block_names, f"on {description}, full_block_names", list(tokens), block_size)
             expected = _run_student(
                 reference_full_block_names, f"on {description}, your block_name", tokens, block_size, block_name
             )
@@ -812,7 +794,6 @@ def grade_cached_prefix(cached_prefix, block_name, random_cases: int = 16) -> Ve
                 list(case.prompt),
                 dict(cache),
                 case.block_size,
-                forbidden=FORBIDDEN,
             )
             problem = _prefix_problem(got, expected, case, cache)
             if problem:
@@ -958,7 +939,6 @@ def grade_make_room(make_room, random_cases: int = 16) -> Verdict:
                 [tuple(r) for r in case.running],
                 case.free_blocks,
                 case.block_size,
-                forbidden=FORBIDDEN,
             )
             problem = _room_problem(got, reference_make_room(case.running, case.free_blocks, case.block_size), case)
             if problem:
@@ -977,10 +957,9 @@ def check_make_room(make_room) -> None:
     print(grade_make_room(make_room).line)
 
 
-# What the student's code may not call: the library's store and scheduler, every function of
-# them, and the check's own references.
-FORBIDDEN = (
-    PagedKVStore,  # every method it defines is watched: a subclass, a proxy or a factory is seen
+# What the lab's kernel lacks at grading (see kernel_library): the library code that computes the answers.
+HIDDEN_AT_GRADING = (
+    PagedKVStore,
     Scheduler,
     library_step,
     reference_full_block_names,
@@ -989,6 +968,3 @@ FORBIDDEN = (
     reference_make_room,
     _make_room,
 )
-
-# What the kernel lacks at grading (kernel_library): the library code that computes these answers.
-HIDDEN_AT_GRADING = (*FORBIDDEN,)
