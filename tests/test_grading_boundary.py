@@ -299,6 +299,7 @@ def test_finished_work_earns_everything_and_every_escape_nothing(tmp_path, lab):
     assert finished.status == GRADED and finished.score == finished.max_score, [
         c.reason for c in finished.checks if c.reason
     ]
+    assert not finished.cell_errors, f"lab {lab}: a cell needs what the kernel lacks at grading: mark it grade.skip"
     assert tamperer.score == 0, f"lab {lab}: escapes earned {[c.check_id for c in tamperer.checks if c.earned]}"
     graded = nbformat.read(tmp_path / "graded" / "tamperer.ipynb", as_version=4)
     seen = "".join(o.get("text", "") for c in graded.cells for o in c.get("outputs", []))
