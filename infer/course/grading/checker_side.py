@@ -95,24 +95,25 @@ class CheckRun:
         self.thread.start()
 
     def _run(self) -> None:
+        while not self.stopped.is_set() and self.connection is None:
+            try:
+                self.connection, _ = self.checker_socket.listener.accept()
+            except TimeoutError:
+                continue
+        if self.connection is None:
+            return
+        conversation = Conversation(self.connection, lends_freely=False)
         try:
-            while not self.stopped.is_set():
-                try:
-                    self.connection, _ = self.checker_socket.listener.accept()
-                    break
-                except TimeoutError:
-                    continue
-            if self.connection is None:
-                return
-            self.connection.settimeout(None)
-            conversation = Conversation(self.connection, lends_freely=False)
             verdict = self.check_call.run(conversation)
             self.line = (
                 verdict.line if isinstance(verdict, Verdict) else f"❌ {self.qid}: the check returned no verdict"
             )
-            conversation.send({"done": True}, [])
-        except Exception as error:  # the kernel hung up, sent what is not plain data, ...
+        except Exception as error:  # a name the kernel lacks, what is not plain data, a hung-up kernel...
             self.line = f"❌ {self.qid}: the check raised {type(error).__name__}: {error}"
+        try:
+            conversation.send({"done": True}, [])  # the kernel's cell ends here, whatever the verdict
+        except OSError:
+            pass  # the kernel hung up first
 
     def finish(self, wait_s: float = 5.0) -> str:
         """The verdict's line once the kernel's cell has ended ("" if the kernel never connected)."""
