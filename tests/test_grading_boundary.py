@@ -304,6 +304,8 @@ def test_finished_work_earns_everything_and_every_escape_nothing(tmp_path, lab):
     graded = nbformat.read(tmp_path / "graded" / "tamperer.ipynb", as_version=4)
     seen = "".join(o.get("text", "") for c in graded.cells for o in c.get("outputs", []))
     assert "ESCAPE salt: None" in seen, "the checker's salt never enters the kernel"
+    book = json.loads((tmp_path / "gradebook.json").read_text(encoding="utf-8"))
+    assert "grader's process" in book["checks_ran"] and book["kernel_library_lacks"], "the gradebook says how it graded"
     assert "ESCAPE keys: readable" not in seen and "ESCAPE keys" in seen, "the answer keys stay out of the kernel"
 
 

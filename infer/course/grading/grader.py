@@ -357,6 +357,7 @@ class Session:
     memory_bytes: int = MIN_KERNEL_MEMORY
     memory_limit: str = "address space"
     library: str = ""  # the kernel's copy of the library, without the lab's answers (kernel_library)
+    hidden: tuple[str, ...] = ()  # the definitions that copy lacks
 
 
 def default_threads(jobs: int) -> int:
@@ -399,6 +400,7 @@ def open_session(
         memory_bytes=limits.memory_bytes or default_memory(jobs),
         memory_limit="data" if gpu_machine() else "address space",
         library=str(library),
+        hidden=tuple(hidden_definitions),
     )
 
 
@@ -762,6 +764,8 @@ def write_gradebook(
             if session
             else {}
         ),
+        "checks_ran": "in the grader's process; each submission's kernel only answered them (checker_side.py)",
+        "kernel_library_lacks": list(session.hidden) if session else [],
         "grading_salt": session.salt if session else None,  # repeats this run's unseen cases: --salt
         "checks": [
             {"id": c.check_id, "cell_id": c.cell_id, "points": _number(c.points), "expected": c.expected_line}
