@@ -12,6 +12,7 @@ from importlib import resources
 from pathlib import Path
 
 import torch
+from safetensors.torch import load_file
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PretrainedConfig
 
 from infer.profiles import Profile, dtype_name, pick_profile
@@ -19,6 +20,7 @@ from infer.tokenizer import byte_level_tokenizer
 
 WEIGHTS_ENV_VAR = "INFER_WEIGHTS"  # the default of load_model(weights=...): make gpu-check sets it
 HUB_HOST = "huggingface.co"
+COURSE_WEIGHTS = Path(__file__).with_name("weights")  # what infer.experiments.course_weights trained
 HUB_PROBE_TIMEOUT_S = 3.0
 
 
@@ -36,6 +38,7 @@ MODEL_SPECS = {
     spec.name: spec
     for spec in (
         ModelSpec("tiny", None),
+        ModelSpec("tiny-draft", None),  # week 10's draft: the tiny model with one layer
         ModelSpec("qwen2.5-0.5b", "Qwen/Qwen2.5-0.5B-Instruct"),
         ModelSpec("qwen2.5-1.5b", "Qwen/Qwen2.5-1.5B-Instruct"),
         ModelSpec("llama-3.2-1b", "meta-llama/Llama-3.2-1B-Instruct"),
@@ -84,8 +87,10 @@ def load_model(
 
     weights="auto" takes pretrained weights from `local_path`, the local Hugging Face cache or the
     hub (when reachable), and falls back to random weights; "pretrained" insists on them; "random"
-    never touches the network. Default: $INFER_WEIGHTS, else "auto" (so that a run of every
-    notebook, such as make gpu-check, chooses its weights once, and no download surprises it).
+    never touches the network; "course" loads the weights the course trained itself on the Python
+    standard library (tiny and tiny-draft only, week 10). Default: $INFER_WEIGHTS, else "auto" (so
+    that a run of every notebook, such as make gpu-check, chooses its weights once, and no download
+    surprises it).
     """
     profile = profile or pick_profile()
     name = name or profile.model_name
@@ -93,18 +98,25 @@ def load_model(
         raise ValueError(f"Unknown model {name!r}; valid names: {', '.join(MODEL_SPECS)}")
     asked_by = "asked for" if weights else f"${WEIGHTS_ENV_VAR} asks for"
     weights = weights or os.environ.get(WEIGHTS_ENV_VAR, "auto")
-    if weights not in ("auto", "pretrained", "random"):
-        raise ValueError(f"weights must be 'auto', 'pretrained' or 'random', not {weights!r} ({asked_by} it)")
+    if weights not in ("auto", "pretrained", "random", "course"):
+        raise ValueError(f"weights must be 'auto', 'pretrained', 'random' or 'course', not {weights!r} ({asked_by} it)")
     spec = MODEL_SPECS[name]
 
-    if weights == "random":
+    if weights == "course":
+        source, why_not = None, ""
+    elif weights == "random":
         source, why_not = None, f"{asked_by} random weights"
     else:
         source, why_not = _pretrained_source(spec, local_path)
     if source is None and weights == "pretrained":
         raise RuntimeError(f"Pretrained weights for {name!r} are not available: {why_not}")
 
-    if source is not None:
+    if weights == "course":
+        state = _course_state(name, profile)  # first: a model never trained here is not built for nothing
+        model, tokenizer = _random_model(spec, profile, seed)
+        model.load_state_dict(state)
+        loaded = dict(weights="course", weights_note=f"trained by the course, {COURSE_WEIGHTS / name}.safetensors")
+    elif source is not None:
         model = AutoModelForCausalLM.from_pretrained(source, dtype=profile.dtype).to(profile.device)
         tokenizer = AutoTokenizer.from_pretrained(source)
         loaded = dict(weights="pretrained", weights_note=str(source))
@@ -135,6 +147,18 @@ def _random_model(spec: ModelSpec, profile: Profile, seed: int):
         config.vocab_size, config.bos_token_id, config.eos_token_id, getattr(config, "pad_token_id", None)
     )
     return model, tokenizer
+
+
+def _course_state(name: str, profile: Profile) -> dict:
+    """The weights the course trained for `name` (infer.experiments.course_weights), in the profile's
+    dtype and on its device."""
+    path = COURSE_WEIGHTS / f"{name}.safetensors"
+    if not path.exists():
+        raise FileNotFoundError(
+            f"the course has trained no weights for {name!r} ({path} is missing): "
+            "python -m infer.experiments.course_weights trains them"
+        )
+    return {key: value.to(profile.device, profile.dtype) for key, value in load_file(path).items()}
 
 
 def _pretrained_source(spec: ModelSpec, local_path) -> tuple[str | None, str]:

@@ -26,7 +26,7 @@ def test_qwen_configs_have_published_shapes():
 
 
 def test_unknown_model_lists_valid_names():
-    with pytest.raises(ValueError, match="valid names: tiny, qwen2.5-0.5b"):
+    with pytest.raises(ValueError, match="valid names: tiny, tiny-draft, qwen2.5-0.5b"):
         load_model("gpt-5")
 
 
