@@ -1,0 +1,109 @@
+"""Speculative decoding, greedy, for one sequence: the reference that week 10 builds on.
+
+A cheap proposer guesses the next k tokens; the target model checks all k in ONE forward pass over
+them (a k+1-row "prefill" on top of its cache) and keeps the longest prefix that agrees with its own
+greedy choice, plus one token of its own: the first it disagrees on, or the one after the last
+guess when every guess was right. So each target pass yields between 1 and k + 1 tokens, and the
+output is exactly the target's greedy output, whatever the proposer says.
+
+Two proposers:
+- `NgramProposer`: prompt lookup (vLLM's `ngram` method). Find the latest earlier place where the
+  sequence's last n tokens occurred (n from `max_n` down to `min_n`) and propose what followed
+  there. No model at all: it pays off where text repeats (code, quoted documents, edits).
+- `DraftProposer`: a small model (week 10's one-layer `tiny-draft`) decodes k tokens greedily.
+
+Rollback is free with the course's KV cache: entries are written at positions (week 02), and a read
+stops at the sequence's length, so the keys of rejected guesses are simply overwritten by the next
+pass. Both models keep one cache slot each.
+"""
+
+from dataclasses import dataclass, field
+
+import torch
+
+from infer.kv_cache import KVCache
+
+
+@dataclass
+class SpeculationStats:
+    target_passes: int = 0
+    proposed: int = 0
+    accepted: int = 0
+    accepted_per_pass: list[int] = field(default_factory=list)
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted / self.proposed if self.proposed else 0.0
+
+    @property
+    def tokens_per_pass(self) -> float:
+        return sum(a + 1 for a in self.accepted_per_pass) / max(1, self.target_passes)
+
+
+class NgramProposer:
+    def __init__(self, max_n: int = 3, min_n: int = 1):
+        if not 1 <= min_n <= max_n:
+            raise ValueError(f"need 1 <= min_n <= max_n, got min_n={min_n}, max_n={max_n}")
+        self.max_n, self.min_n = max_n, min_n
+
+    def propose(self, tokens: list[int], k: int) -> list[int]:
+        """Up to k tokens that followed the latest earlier occurrence of the sequence's last n tokens."""
+        for n in range(min(self.max_n, len(tokens) - 1), self.min_n - 1, -1):
+            tail = tokens[-n:]
+            for start in range(len(tokens) - n - 1, -1, -1):
+                if tokens[start : start + n] == tail:
+                    return tokens[start + n : start + n + k]
+        return []
+
+
+class DraftProposer:
+    """A draft model (an infer.model.Transformer) proposing greedily, with a cache of its own."""
+
+    def __init__(self, draft, max_len: int):
+        self.draft = draft
+        self.cache = KVCache.for_model(draft, 1, max_len)
+        self.cached = 0  # how many of the sequence's tokens the draft's cache holds correctly
+
+    def propose(self, tokens: list[int], k: int) -> list[int]:
+        # The draft's cache is right up to the target's last accepted token: feed it what it lacks.
+        device = self.draft.embed.weight.device
+        pending = tokens[self.cached :]
+        guesses = []
+        for _ in range(k):
+            ids = torch.tensor(pending, device=device)
+            positions = torch.arange(self.cached, self.cached + len(pending))
+            last = torch.tensor([len(pending) - 1], device=device)
+            guesses.append(int(self.draft(ids, positions, self.cache, logits_rows=last).argmax(dim=-1)))
+            self.cached += len(pending)
+            pending = guesses[-1:]
+        self.cached = len(tokens)  # its guesses past the sequence are kept only if the target accepts them
+        return guesses
+
+
+@torch.no_grad()
+def speculative_greedy_generate(target, prompt: list[int], max_new_tokens: int, proposer, k: int):
+    """The target's greedy continuation of `prompt` (a list of token ids), `max_new_tokens` long,
+    verified k proposed tokens at a time; returns (new tokens, SpeculationStats)."""
+    if max_new_tokens < 1 or k < 0:
+        raise ValueError(f"need max_new_tokens >= 1 and k >= 0, got {max_new_tokens} and {k}")
+    device = target.embed.weight.device
+    cache = KVCache.for_model(target, 1, len(prompt) + max_new_tokens + k + 1)
+    tokens, stats = list(prompt), SpeculationStats()
+    cached = 0  # the target's cache holds tokens[:cached]
+    while len(tokens) - len(prompt) < max_new_tokens:
+        room = max_new_tokens - (len(tokens) - len(prompt))
+        guesses = proposer.propose(tokens, min(k, room - 1)) if k else []
+        fed = tokens[cached:] + guesses  # what the cache lacks, then the guesses: one pass
+        positions = torch.arange(cached, cached + len(fed))
+        rows = torch.arange(len(fed) - len(guesses) - 1, len(fed), device=device)
+        choices = target(torch.tensor(fed, device=device), positions, cache, logits_rows=rows).argmax(dim=-1).tolist()
+        accepted = 0
+        while accepted < len(guesses) and guesses[accepted] == choices[accepted]:
+            accepted += 1
+        tokens += guesses[:accepted] + [choices[accepted]]
+        cached = len(tokens) - 1  # the target's own last token is not in its cache yet
+        stats.target_passes += 1
+        stats.proposed += len(guesses)
+        stats.accepted += accepted
+        stats.accepted_per_pass.append(accepted)
+    return tokens[len(prompt) :][:max_new_tokens], stats

@@ -1,0 +1,73 @@
+"""Speculative decoding's reference loop (week 10): whatever the proposer guesses, the output is the
+target's own greedy output; what changes is how many target passes it takes."""
+
+import pytest
+import torch
+
+from infer.generate import cached_greedy_generate
+from infer.kv_cache import KVCache
+from infer.model import Transformer
+from infer.models import load_model
+from infer.speculative import DraftProposer, NgramProposer, speculative_greedy_generate
+
+PROMPT = [ord(c) for c in "def add(a, b):\n    return a + b\n\n\ndef add("]
+
+
+@pytest.fixture(scope="module")
+def target(tiny):
+    return Transformer.from_hf(tiny.model).float()
+
+
+def greedy(model, prompt, n):
+    cache = KVCache.for_model(model, 1, len(prompt) + n)
+    return cached_greedy_generate(model, torch.tensor(prompt), n, cache)[0].tolist()
+
+
+class Always:
+    """A proposer that guesses `guess(tokens)` for every position: always right or always wrong."""
+
+    def __init__(self, guess):
+        self.guess = guess
+
+    def propose(self, tokens, k):
+        return self.guess(tokens, k)
+
+
+@pytest.mark.parametrize("k", [0, 1, 3, 5])
+@pytest.mark.parametrize("max_new_tokens", [1, 2, 17])
+def test_ngram_speculation_is_the_targets_greedy_output(target, k, max_new_tokens):
+    got, stats = speculative_greedy_generate(target, PROMPT, max_new_tokens, NgramProposer(), k)
+    assert got == greedy(target, PROMPT, max_new_tokens), "speculation must never change a greedy token"
+    assert len(got) == max_new_tokens and stats.proposed <= k * stats.target_passes
+
+
+def test_a_draft_model_is_verified_to_the_same_tokens(target):
+    draft = Transformer.from_hf(load_model("tiny-draft", weights="random", seed=3, quiet=True).model).float()
+    got, stats = speculative_greedy_generate(target, PROMPT, 20, DraftProposer(draft, 128), 4)
+    assert got == greedy(target, PROMPT, 20)
+    assert stats.proposed > 0
+
+
+def test_a_draft_that_is_always_right_gives_k_plus_one_tokens_a_pass(target):
+    n, k = 24, 3
+    truth = greedy(target, PROMPT, n)
+    right = Always(lambda tokens, k: truth[len(tokens) - len(PROMPT) :][:k])
+    got, stats = speculative_greedy_generate(target, PROMPT, n, right, k)
+    assert got == truth and stats.acceptance_rate == 1.0
+    assert stats.target_passes == -(-n // (k + 1)), "every pass keeps all k guesses and adds its own token"
+
+
+def test_a_draft_that_is_always_wrong_costs_one_pass_a_token(target):
+    n = 10
+    truth = greedy(target, PROMPT, n)
+    wrong = Always(lambda tokens, k: [(truth[len(tokens) - len(PROMPT)] + 1) % 256] * k)
+    got, stats = speculative_greedy_generate(target, PROMPT, n, wrong, 4)
+    assert got == truth and stats.accepted == 0 and stats.target_passes == n
+
+
+def test_ngram_lookup_proposes_what_followed_the_latest_match():
+    proposer = NgramProposer(max_n=2)
+    assert proposer.propose([1, 2, 3, 9, 1, 2, 4, 5, 1, 2], 2) == [4, 5]  # the latest "1 2" was followed by 4 5
+    assert proposer.propose([7, 8, 9], 3) == []  # nothing repeats
+    with pytest.raises(ValueError):
+        NgramProposer(max_n=1, min_n=2)
