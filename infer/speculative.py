@@ -17,7 +17,7 @@ stops at the sequence's length, so the keys of rejected guesses are simply overw
 pass. Both models keep one cache slot each.
 """
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
@@ -29,15 +29,10 @@ class SpeculationStats:
     target_passes: int = 0
     proposed: int = 0
     accepted: int = 0
-    accepted_per_pass: list[int] = field(default_factory=list)
 
     @property
     def acceptance_rate(self) -> float:
         return self.accepted / self.proposed if self.proposed else 0.0
-
-    @property
-    def tokens_per_pass(self) -> float:
-        return sum(a + 1 for a in self.accepted_per_pass) / max(1, self.target_passes)
 
 
 class NgramProposer:
@@ -65,18 +60,17 @@ class DraftProposer:
         self.cached = 0  # how many of the sequence's tokens the draft's cache holds correctly
 
     def propose(self, tokens: list[int], k: int) -> list[int]:
-        # The draft's cache is right up to the target's last accepted token: feed it what it lacks.
+        # The draft's cache is right up to where the last call began: feed it what it lacks, then its guesses.
         device = self.draft.embed.weight.device
-        pending = tokens[self.cached :]
-        guesses = []
+        pending, position, guesses = tokens[self.cached :], self.cached, []
         for _ in range(k):
-            ids = torch.tensor(pending, device=device)
-            positions = torch.arange(self.cached, self.cached + len(pending))
             last = torch.tensor([len(pending) - 1], device=device)
-            guesses.append(int(self.draft(ids, positions, self.cache, logits_rows=last).argmax(dim=-1)))
-            self.cached += len(pending)
+            positions = torch.arange(position, position + len(pending))
+            logits = self.draft(torch.tensor(pending, device=device), positions, self.cache, logits_rows=last)
+            guesses.append(int(logits.argmax(dim=-1)))
+            position += len(pending)
             pending = guesses[-1:]
-        self.cached = len(tokens)  # its guesses past the sequence are kept only if the target accepts them
+        self.cached = len(tokens)  # its guesses past the sequence count only if the target accepts them
         return guesses
 
 
@@ -105,5 +99,4 @@ def speculative_greedy_generate(target, prompt: list[int], max_new_tokens: int, 
         stats.target_passes += 1
         stats.proposed += len(guesses)
         stats.accepted += accepted
-        stats.accepted_per_pass.append(accepted)
     return tokens[len(prompt) :][:max_new_tokens], stats

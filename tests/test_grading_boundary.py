@@ -22,7 +22,7 @@ import torch
 from infer.course.grading import kernel_library
 from infer.course.grading.checks import GRADING_SALT_ENV
 from infer.course.grading.grader import GRADED, Limits, find_lab, grade_folder, load_key, run_cells
-from infer.course.grading.kernel_side import _call_watched, _lookup
+from infer.course.grading.kernel_side import kernel_conversation
 from infer.course.grading.wire import Conversation, Remote, WireError, storage_of
 from tests.test_grader import solved
 
@@ -177,9 +177,7 @@ def tampered(lab: str) -> nbformat.NotebookNode:
 def kernel_and_checker():
     namespace = {}
     left, right = socket.socketpair()
-    kernel = Conversation(
-        right, lends_freely=True, on_request={"lookup": lambda n: _lookup(namespace, n), "call_watched": _call_watched}
-    )
+    kernel = kernel_conversation(right, namespace)
 
     def serve():
         try:

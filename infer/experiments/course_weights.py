@@ -26,6 +26,7 @@ MODELS = ("tiny", "tiny-draft")
 SAMPLE_PROMPT = "def "
 SAMPLE_BYTES = 160
 LOSS_EVERY = 10  # steps between the loss curve's points
+BATCH, LENGTH = 16, 256  # windows of bytes a step
 
 
 @torch.no_grad()
@@ -42,7 +43,7 @@ def train_one(name: str, corpus, steps: int, seed: int) -> dict:
     lm.model.float()
     before = bits_per_byte(lm.model, corpus.held_out)
     start = time.perf_counter()
-    losses = train(lm.model, corpus.train, steps, seed=seed)
+    losses = train(lm.model, corpus.train, steps, batch=BATCH, length=LENGTH, seed=seed)
     seconds = time.perf_counter() - start
     COURSE_WEIGHTS.mkdir(exist_ok=True)
     path = COURSE_WEIGHTS / f"{name}.safetensors"
@@ -96,8 +97,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
             "held_out_bytes": len(corpus.held_out),
             "sha256": corpus.sha256,
         },
-        batch=16,
-        length=256,
+        batch=BATCH,
+        length=LENGTH,
     )
     print(f"wrote {path}")
     return runs

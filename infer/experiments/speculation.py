@@ -50,11 +50,9 @@ def run_setting(target, draft, prompts, proposer_name: str, k: int) -> tuple[lis
     outputs, proposed, accepted, passes = [], 0, 0, 0
     start = time.perf_counter()
     for prompt in prompts:
-        proposer = {
-            "none": None,  # k = 0: nothing is proposed
-            "ngram": NgramProposer(),
-            "draft": DraftProposer(draft, len(prompt) + NEW_TOKENS + 8),
-        }[proposer_name]
+        proposer = (
+            DraftProposer(draft, len(prompt) + NEW_TOKENS + 8) if proposer_name == "draft" else NgramProposer()
+        )  # with k = 0 ("none") nothing is proposed
         tokens, stats = speculative_greedy_generate(target, prompt, NEW_TOKENS, proposer, k)
         outputs.append(tokens)
         proposed, accepted, passes = proposed + stats.proposed, accepted + stats.accepted, passes + stats.target_passes

@@ -542,9 +542,6 @@ def _record_check(cell, line: str) -> None:
         why = f": its cell raised {kernel_error.ename}: {kernel_error.evalue}" if kernel_error else ""
         line = f"❌ {cell.metadata['grader']['check_id']}: the kernel did not answer the check{why}"
     kernel_outputs = [o for o in cell.get("outputs", []) if o.get("output_type") in ("stream", "error")]
-    for output in kernel_outputs:
-        if output.get("output_type") == "stream":
-            output["name"] = "stderr"  # never read as the check's line
     cell.outputs = [nbformat.v4.new_output("stream", name="stdout", text=line + "\n")] + [
         nbformat.v4.new_output("stream", name="stderr", text=_output_text(o)) for o in kernel_outputs
     ]

@@ -20,12 +20,14 @@ def answer_checker(socket_path: str, namespace: dict) -> None:
     """Serve the checker's requests for one check, in `namespace` (the notebook's globals)."""
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
         sock.connect(socket_path)
-        conversation = Conversation(
-            sock,
-            lends_freely=True,
-            on_request={"lookup": lambda name: _lookup(namespace, name), "call_watched": _call_watched},
-        )
-        conversation.serve_until_answer()
+        kernel_conversation(sock, namespace).serve_until_answer()
+
+
+def kernel_conversation(sock: socket.socket, namespace: dict) -> Conversation:
+    """The kernel's end of a check's conversation: it lends the checker anything the student wrote."""
+    return Conversation(
+        sock, lends_freely=True, on_request={"lookup": lambda name: _lookup(namespace, name)}, watch=_watched
+    )
 
 
 def _lookup(namespace: dict, name: str):
@@ -34,8 +36,8 @@ def _lookup(namespace: dict, name: str):
     return namespace[name]
 
 
-def _call_watched(call, target, method: str, args: list, kwargs: dict):
+def _watched(call):
     """A call the check watches op by op (checks.OpWatch): its result and the ops it ran."""
     with OpWatch() as watch:
-        result = call(target, method, args, kwargs)
+        result = call()
     return result, [[name, [list(shape) for shape in shapes]] for name, shapes in watch.ops]

@@ -21,6 +21,7 @@ Security of the checker's side: it serves only what it lent, refuses attribute n
 with an underscore, and never lends a module, a class or a function that is not a method of an
 object it lent (so that no chain of attribute reads reaches the checker's interpreter)."""
 
+import builtins
 import dataclasses
 import importlib
 import inspect
@@ -70,13 +71,8 @@ class RemoteError(Exception):
 def remote_exception(kind: str, message: str) -> Exception:
     """The exception to raise here for one raised over there: the builtin class of that name
     (NotImplementedError, AttributeError, ...), else a RemoteError subclass with the name."""
-    builtin = getattr(__builtins__ if isinstance(__builtins__, dict) else vars(__builtins__), "get", None)
-    found = builtin(kind) if builtin else None
-    if (
-        isinstance(found, type)
-        and issubclass(found, Exception)
-        and not issubclass(found, (SystemExit, KeyboardInterrupt))
-    ):
+    found = getattr(builtins, kind, None)
+    if isinstance(found, type) and issubclass(found, Exception):
         try:
             return found(message)
         except Exception:  # a builtin with another signature (UnicodeDecodeError, ...)
@@ -131,13 +127,18 @@ class Remote:
 # ---------------------------------------------------------------- plain data, both ways
 
 
+def _is_course_module(name: str) -> bool:
+    """The course library's modules, but not grading's: only their values are rebuilt over there."""
+    return name.startswith(LIBRARY_PREFIX) and not name.startswith("infer.course.grading")
+
+
 def _class_path(value) -> str | None:
     """`module:qualname` of a course value that can be rebuilt from its fields over there: a frozen
     dataclass or a named tuple. A mutable one (the engine's Work, a Sequence) crosses as a handle:
     the check needs the very object back, as the student's code left it."""
     kind = type(value)
     module = kind.__module__ or ""
-    if not module.startswith(LIBRARY_PREFIX) or module.startswith("infer.course.grading"):
+    if not _is_course_module(module):
         return None
     if dataclasses.is_dataclass(value) and not isinstance(value, type) and kind.__dataclass_params__.frozen:
         return f"{module}:{kind.__qualname__}"
@@ -148,7 +149,7 @@ def _class_path(value) -> str | None:
 
 def _course_class(path: str):
     module_name, _, qualname = path.partition(":")
-    if not module_name.startswith(LIBRARY_PREFIX) or module_name.startswith("infer.course.grading"):
+    if not _is_course_module(module_name):
         raise WireError(f"{path!r} is not a course class")
     found: Any = importlib.import_module(module_name)
     for part in qualname.split("."):
@@ -172,7 +173,7 @@ class Encoder:
     def encode(self, value):
         if value is None or isinstance(value, (bool, str)):
             return value
-        if isinstance(value, int) and type(value) in (int,):
+        if type(value) is int:
             return value
         if type(value) is float:
             return value if math.isfinite(value) else {"$float": repr(value)}
@@ -355,12 +356,12 @@ class Conversation:
     """One socket between the checker and the kernel. `lends_freely`: the kernel's side, which
     may hand the checker anything; the checker's side lends only objects and their methods."""
 
-    def __init__(self, sock: socket.socket, lends_freely: bool, on_request=None):
+    def __init__(self, sock: socket.socket, lends_freely: bool, on_request=None, watch=None):
         self.sock = sock
         self.lends_freely = lends_freely
         self.lent: list[Any] = []
-        self.on_request = on_request  # extra operations this side serves: op -> fn(*args)
-        self.finished = False
+        self.on_request = on_request or {}  # extra operations this side serves: op -> fn(*args)
+        self.watch = watch  # runs a call under an op watch: call -> (result, ops); the kernel's side
 
     # -- lending
     def lend(self, value) -> int:
@@ -431,7 +432,6 @@ class Conversation:
                 self._answer(header, decoder)
                 continue
             if header.get("done"):
-                self.finished = True
                 return None
             if "error" in header:
                 error = header["error"]
@@ -460,15 +460,17 @@ class Conversation:
                 result = self._getattr(self.lent_object(int(args[0])), str(args[1]))
             elif op in ("call_method", "call_watched"):
                 handle, method, call_args, call_kwargs = int(args[0]), str(args[1]), list(args[2]), dict(args[3])
-                if op == "call_watched":
-                    result = self.on_request["call_watched"](
-                        self._call_method, self.lent_object(handle), method, call_args, call_kwargs
-                    )
-                else:
-                    result = self._call_method(self.lent_object(handle), method, call_args, call_kwargs)
+                target = self.lent_object(handle)
+
+                def call():
+                    return self._call_method(target, method, call_args, call_kwargs)
+
+                if op == "call_watched" and self.watch is None:
+                    raise WireError("this side runs no watched calls")
+                result = self.watch(call) if op == "call_watched" else call()
                 mutated = [[i, a] for i, a in enumerate(call_args) if isinstance(a, MUTABLE)]
                 mutated += [[k, a] for k, a in call_kwargs.items() if isinstance(a, MUTABLE)]
-            elif self.on_request and op in self.on_request and op != "call_watched":
+            elif op in self.on_request:
                 result = self.on_request[op](*args)
             else:
                 raise WireError(f"unknown request {op!r}")
