@@ -106,6 +106,11 @@ def test_a_sweep_summary_names_the_budgets_the_rounds_cannot_tell_apart():
     records += [record(512, 1.0, 302.0 + 3 * r, r) for r in range(3)]  # the fastest, within 128's spread
     points = sweep_points(records)
     assert points[1]["output_throughput"] == spread([300.0, 301.0, 302.0])
+    capacity = {budget: spread([value]) for budget, value in ((32, 200.0), (128, 602.0), (512, 310.0))}
+    shares = [p["share_of_capacity"] for p in sweep_points(records, capacity)]
+    assert shares == pytest.approx([0.505, 0.5, 305.0 / 310.0]), (
+        "a load's share is its median throughput over the capacity's"
+    )
     summary = load_summary(points, 8)
     assert summary["goodput_best_budget"] == 128 and summary["throughput_best_budget"] == 512
     assert summary["throughput_tied_within_rounds"] == [128, 512]
@@ -185,9 +190,16 @@ def test_the_simulator_is_judged_against_the_range_of_its_measured_rounds():
         }
 
     inside = judged_against_noise([row(102.0, 0.02), row(97.0, -0.03)])
-    assert inside["verdict"] == "met" and inside["inside_range"] == 6 and inside["median_abs_error"] == 0.025
+    assert (
+        inside["verdict"] == "met"
+        and inside["inside_range"] == 2 * len(VALIDATION_KEYS)
+        and inside["median_abs_error"] == 0.025
+    )
     outside = judged_against_noise([row(102.0, 0.02), row(105.0, 0.05)])
     assert outside["verdict"] == "MISSED", "a simulated value above every measured round must miss"
-    assert len(outside["outside_range"]) == 3 and outside["outside_range"][0]["simulated"] == 105.0
+    assert len(outside["outside_range"]) == len(VALIDATION_KEYS) and outside["outside_range"][0]["simulated"] == 105.0
+    assert inside["points"][0]["median_standard_error"] == pytest.approx(1.2533 * 1.4826 * 4.0 / 3**0.5 / 100.0), (
+        "the rounds 95, 100, 104 deviate from their median by 5, 0 and 4: a median absolute deviation of 4"
+    )
     noisy = judged_against_noise([row(96.0, -0.06), row(103.0, 0.06)])
     assert noisy["verdict"] == "MISSED", "inside every range but a median error of 6% must miss the 5% bar"

@@ -50,7 +50,7 @@ from infer.experiments.chunked_prefill_plots import (
     plot_itl_distribution,
     plot_simulated_vs_measured,
 )
-from infer.experiments.rounds import interleaved_rounds, ratio_spread, spread, verdict
+from infer.experiments.rounds import interleaved_rounds, median_standard_error, ratio_spread, spread, verdict
 from infer.metrics import calculate_metrics, request_latencies_ms, save_results, slo_from_profile
 from infer.model import Transformer
 from infer.models import MODEL_SPECS, load_model
@@ -76,6 +76,12 @@ SWEEP_CONCURRENCY = (8, 32)
 SWEEP_REQUESTS = 192
 SWEEP_PROMPT_LENS, SWEEP_OUTPUT_LENS = (32, 512), (16, 64)
 SWEEP_PERCENTILES = (50, 90)
+# A budget's capacity, the load each point is placed against: every request there from the start.
+CAPACITY = "capacity"
+CAPACITY_RULE = (
+    f"output tok/s of the concurrency-{max(SWEEP_CONCURRENCY)} workload's {SWEEP_REQUESTS} requests, all sent at "
+    f"once, with up to {SWEEP_REQUESTS} sequences in a step (the budget the only limit), once per round"
+)
 SWEEP_KEYS = ("p50_ttft_ms", "p90_ttft_ms", "p50_tpot_ms", "p90_tpot_ms", "output_throughput", "request_goodput")
 # The simulator's calibration: (policy, budget, concurrency), none of them the sweep's, on other
 # prompts; one runs before each load's budgets in every round, and one after the last. Their
@@ -83,7 +89,7 @@ SWEEP_KEYS = ("p50_ttft_ms", "p90_ttft_ms", "p50_tpot_ms", "p90_tpot_ms", "outpu
 # straight line fitted to batches on one side of a load would overcharge it.
 CALIBRATION = (("chunked", 96, 40), ("chunked", 48, 6), ("continuous", 1024, 16))
 CALIBRATION_REQUESTS = 96
-VALIDATION_KEYS = ("median_ttft_ms", "median_tpot_ms", "output_throughput")
+VALIDATION_KEYS = ("median_ttft_ms", "p90_ttft_ms", "median_tpot_ms", "p90_tpot_ms", "output_throughput")
 VALIDATION_TARGET = 0.10
 # The simulator judged against the measurement's own noise: at every held-out point and metric the
 # simulated value lies inside the range of the measured rounds, and the median absolute error over
@@ -217,22 +223,29 @@ def sweep(model, vocab_size: int, meta: dict, profile: str):
                 for b in budgets
             ]
             jobs.append(after)
+        jobs += [
+            (CAPACITY, partial(serve, model, capacity_workload, "chunked", b, max_num_seqs=SWEEP_REQUESTS))
+            for b in budgets
+        ]
         return jobs
 
-    fit_runs, held_out, records = [], [], []
-    with tqdm(
-        total=SWEEP_ROUNDS * (len(calibrations) + len(workloads) * len(SWEEP_BUDGETS)), desc="sweep and calibration"
-    ) as bar:
+    capacity_workload = workloads[max(SWEEP_CONCURRENCY)]
+    fit_runs, held_out, records, capacity_runs = [], [], [], {}
+    jobs_per_round = len(calibrations) + (len(workloads) + 1) * len(SWEEP_BUDGETS)
+    with tqdm(total=SWEEP_ROUNDS * jobs_per_round, desc="sweep, capacity and calibration") as bar:
         for number in range(SWEEP_ROUNDS):
             for what, job in one_round(number):
                 run = job()
                 bar.update(1)
                 if what == "calibration":
                     fit_runs.append(run)
-                    continue
-                held_out.append((what, run))
-                records.append({"max_concurrency": what, "round": number, **summarize_run(run, slo_ms)})
-    points = sweep_points(records)
+                elif what == CAPACITY:
+                    capacity_runs.setdefault(run.budget, []).append(calculate_metrics(run.records)["output_throughput"])
+                else:
+                    held_out.append((what, run))
+                    records.append({"max_concurrency": what, "round": number, **summarize_run(run, slo_ms)})
+    capacity = {budget: spread(values) for budget, values in sorted(capacity_runs.items())}
+    points = sweep_points(records, capacity)
     summary = {f"concurrency {c}": load_summary(points, c) for c in SWEEP_CONCURRENCY}
     save_results(
         f"06_sweep_{profile}",
@@ -244,15 +257,18 @@ def sweep(model, vocab_size: int, meta: dict, profile: str):
         summary=summary,
         rounds=SWEEP_ROUNDS,
         requests_per_run=SWEEP_REQUESTS,
+        capacity_output_throughput={str(budget): value for budget, value in capacity.items()},
+        capacity_rule=CAPACITY_RULE,
     )
     fig, axes = plt.subplots(1, 4, figsize=(20, 5))
     plot_budget_sweep(axes, points, "max_concurrency", "concurrency {}", slo_ms=slo_ms)
     save_figure(fig, "06_sweep", meta)
-    return fit_runs, held_out, summary
+    return fit_runs, held_out, summary, capacity
 
 
-def sweep_points(records: list[dict]) -> list[dict]:
-    """One point per (load, budget): each metric's median over the rounds, with its spread."""
+def sweep_points(records: list[dict], capacity: dict[int, dict] | None = None) -> list[dict]:
+    """One point per (load, budget): each metric's median over the rounds, with its spread, and the
+    load as a share of the budget's `capacity` (output tok/s, medians of the rounds) where given."""
     groups = {}
     for r in records:
         groups.setdefault((r["max_concurrency"], r["max_num_batched_tokens"]), []).append(r)
@@ -261,6 +277,8 @@ def sweep_points(records: list[dict]) -> list[dict]:
         point = {"max_concurrency": c, "max_num_batched_tokens": budget, "rounds": len(rows)}
         point.update({key: spread([r[key] for r in rows]) for key in SWEEP_KEYS})
         point["within_slo_share"] = spread([r["request_goodput"] / r["request_throughput"] for r in rows])
+        if capacity is not None:
+            point["share_of_capacity"] = point["output_throughput"]["median"] / capacity[budget]["median"]
         points.append(point)
     return points
 
@@ -314,6 +332,9 @@ def judged_against_noise(rows: list[dict]) -> dict:
             "max_num_batched_tokens": row["max_num_batched_tokens"],
             "metric": key,
             "rounds": len(row["measured"][key]["per_round"]),
+            "requests": sum(row.get("requests_per_round", ())),
+            "share_of_capacity": row.get("share_of_capacity"),
+            "median_standard_error": median_standard_error(row["measured"][key]["per_round"]),
             "measured_min": row["measured"][key]["min"],
             "measured_median": row["measured"][key]["median"],
             "measured_max": row["measured"][key]["max"],
@@ -326,7 +347,9 @@ def judged_against_noise(rows: list[dict]) -> dict:
     ]
     median_error = statistics.median(abs(p["signed_error"]) for p in points)
     outside = [p for p in points if not p["inside_range"]]
+    standard_errors = [p["median_standard_error"] for p in points]
     return {
+        "median_known_to": {"median": statistics.median(standard_errors), "largest": max(standard_errors)},
         "criterion": f"simulated inside the measured rounds' range at every point, and median |error| <= "
         f"{NOISE_CRITERION_MEDIAN_ERROR:.0%}",
         "points": points,
@@ -337,12 +360,14 @@ def judged_against_noise(rows: list[dict]) -> dict:
     }
 
 
-def validate_simulator(fit_runs, held_out, meta: dict, profile: str):
+def validate_simulator(fit_runs, held_out, meta: dict, profile: str, capacity: dict[int, dict] | None = None):
     """The cost model fitted on the calibration runs' steps, and the spread of those steps around
     it; each held-out workload (a load and a budget, measured once per round) simulated with the
     spread SPREAD_SEEDS times and compared, each metric's median over them, with the median of its
     rounds (one round's error holds that round's machine noise as well). The same workload with a
-    fixed cost per step shape is reported beside it: what the spread changes."""
+    fixed cost per step shape is reported beside it: what the spread changes. Each point says how
+    many requests it measured and, given the budgets' `capacity` (output tok/s), its load as a
+    share of it."""
     steps = [s for run in fit_runs for s in run.steps]
     shapes, times = [s.shape for s in steps], [s.ms for s in steps]
     cost = LinearStepCost.fit(shapes, times)
@@ -368,6 +393,10 @@ def validate_simulator(fit_runs, held_out, meta: dict, profile: str):
                 "workload": w.name,
                 "max_num_batched_tokens": budget,
                 "max_concurrency": concurrency,
+                "requests_per_round": [m["completed"] for m in measured],
+                "share_of_capacity": (
+                    measured_median["output_throughput"] / capacity[budget]["median"] if capacity else None
+                ),
                 "measured": {k: spread([m[k] for m in measured]) for k in VALIDATION_KEYS},
                 "simulated": sim_metrics,
                 "simulated_fixed_cost": {k: fixed_metrics[k] for k in VALIDATION_KEYS},
@@ -564,9 +593,12 @@ def main():
         if "mixing" in parts:
             print("mixing:", timed("mixing", mixing, model, meta, profile.name))
         if "sweep" in parts:
-            fit_runs, held_out, summary = timed("sweep", sweep, model, vocab, meta, profile.name)
+            fit_runs, held_out, summary, capacity = timed("sweep", sweep, model, vocab, meta, profile.name)
             print("sweep:", summary)
-            print("simulator:", timed("simulator", validate_simulator, fit_runs, held_out, meta, profile.name))
+            print(
+                "simulator:",
+                timed("simulator", validate_simulator, fit_runs, held_out, meta, profile.name, capacity),
+            )
     if "gpu" in parts:
         print("gpu grid (simulated):", timed("gpu grid (simulated)", gpu_grid_simulated))
     print(f"all parts: {(time.perf_counter() - start) / 60:.1f} min")

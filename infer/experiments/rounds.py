@@ -39,6 +39,15 @@ def spread(values: list[float]) -> dict:
     return {"median": statistics.median(values), "min": min(values), "max": max(values), "per_round": list(values)}
 
 
+def median_standard_error(values: list[float]) -> float:
+    """How well the rounds pin their median, relative to it: the standard error of a median,
+    1.2533 sigma / sqrt(n), with sigma estimated robustly as 1.4826 x the median absolute
+    deviation (so that one stalled round does not set it). Rough for a handful of rounds."""
+    center = statistics.median(values)
+    mad = statistics.median(abs(v - center) for v in values)
+    return 1.2533 * 1.4826 * mad / len(values) ** 0.5 / abs(center)
+
+
 def ratio_spread(numerator: list[dict], denominator: list[dict], key: str) -> dict:
     """numerator[key] / denominator[key] within each round, summarized over the rounds."""
     if len(numerator) != len(denominator):
