@@ -174,7 +174,9 @@ def plot_simulated_vs_measured(ax: plt.Axes, rows: list[dict]) -> None:
     from the lowest round to the highest: how far the machine moved while the simulation did not."""
     metrics = (
         ("median_ttft_ms", "median TTFT (ms)", "o"),
+        ("p90_ttft_ms", "p90 TTFT (ms)", "D"),
         ("median_tpot_ms", "median TPOT (ms)", "s"),
+        ("p90_tpot_ms", "p90 TPOT (ms)", "v"),
         ("output_throughput", "output tok/s", "^"),
     )
     values = []
