@@ -88,9 +88,12 @@ class PagedKV:
         prefills: list[PrefillRun],
         first_decode_block: int | None = None,
         longest_decode: int | None = None,
+        decode_kernel=None,
     ):
         """`longest_decode`: the longest decode's length, as the host knows it (for_runs passes it);
-        when None it is read from `decode_lengths`, which waits for the device when they live on one."""
+        when None it is read from `decode_lengths`, which waits for the device when they live on one.
+        `decode_kernel`: a kernel that reads the blocks in place (infer.cpu_kernels), or None for
+        the gather and PyTorch's attention."""
         self.cache = cache
         self.block_ids, self.offsets = block_ids, offsets  # [N]: where each new token's K/V go
         self.decode_rows, self.decode_tables, self.decode_lengths = decode_rows, decode_tables, decode_lengths
@@ -99,9 +102,12 @@ class PagedKV:
             longest_decode = int(decode_lengths.max()) if len(decode_lengths) else 0
         self.longest_decode = longest_decode
         self.prefills = prefills
+        self.decode_kernel = decode_kernel
 
     @classmethod
-    def for_runs(cls, cache: KVCache, runs: list[SeqRun], block_tables: list[list[int]]) -> "PagedKV":
+    def for_runs(
+        cls, cache: KVCache, runs: list[SeqRun], block_tables: list[list[int]], decode_kernel=None
+    ) -> "PagedKV":
         """`runs` in flat-batch order, each with its sequence's block table (same order)."""
         block_size, device = cache.max_len, cache.k[0].device if cache.k else "cpu"
         block_ids, offsets = [], []
@@ -143,6 +149,7 @@ class PagedKV:
             prefills,
             first_decode_block,
             longest_decode=max((run.end for run, _ in decodes), default=0),  # from the host: no device read
+            decode_kernel=decode_kernel,
         )
 
     @classmethod
@@ -172,7 +179,15 @@ class PagedKV:
         Every sequence's blocks are gathered into [B, kv_heads, longest, d] (or, when each holds one
         block and the blocks lie side by side, read in place); a sequence shorter
         than the longest is masked past its length, and a masked key gets weight exactly 0
-        (exp(-inf)), so each row equals that sequence's attention over its own keys."""
+        (exp(-inf)), so each row equals that sequence's attention over its own keys.
+
+        With a `decode_kernel`, each sequence's keys are read where they lie instead: no gather, no
+        mask, no key read for a position past the sequence's length."""
+        if self.decode_kernel is not None:
+            keys, values = self.cache.k[layer], self.cache.v[layer]
+            scale = q.shape[-1] ** -0.5  # scaled_dot_product_attention's default
+            with torch.profiler.record_function("in_place_decode_attention"):  # not an aten op: name it for profiles
+                return self.decode_kernel(q, keys, values, self.decode_tables, self.decode_lengths, scale)
         if self.first_decode_block is None:
             keys = gather_blocks(self.cache.k[layer], self.decode_tables, self.longest_decode)
             values = gather_blocks(self.cache.v[layer], self.decode_tables, self.longest_decode)

@@ -71,11 +71,14 @@ class Engine:
         enable_prefix_caching: bool = False,
         log_steps: bool = False,
         on_step_error: str = "raise",
+        decode_attention: str = "sdpa",
     ):
         """kv_store: "slots" (one slot of max_model_len per sequence, weeks 05-07), "paged" (week 08:
         `num_kv_blocks` blocks of `block_size` positions, by default as much memory as the slots
         would take; optionally with prefix caching), or a store of your own. on_step_error: "raise"
-        or "fail_requests" (see the module's docstring)."""
+        or "fail_requests" (see the module's docstring). decode_attention: "sdpa" (the decodes'
+        blocks gathered, then PyTorch's attention) or "in_place" (week 09's compiled CPU kernel,
+        float32: the blocks read where they lie)."""
         if on_step_error not in STEP_ERROR_MODES:
             raise ValueError(
                 f"unknown on_step_error {on_step_error!r}; valid: {', '.join(map(repr, STEP_ERROR_MODES))}"
@@ -100,7 +103,7 @@ class Engine:
             max_model_len,
             kv_store,
             sampler,
-            ModelRunner(model, kv_store, sampler),
+            ModelRunner(model, kv_store, sampler, decode_attention),
             eos_ids,
             model.arch.vocab_size,
             WallClock(),

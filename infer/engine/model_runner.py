@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
+from infer.cpu_kernels import in_place_decode_attention
 from infer.engine.kv_store import KVStore
 from infer.engine.sampler import Sampler
 from infer.engine.scheduler import Work
@@ -55,17 +56,37 @@ def step_runs(work: list[Work]) -> list[SeqRun]:
     return runs
 
 
+DECODE_ATTENTION = ("sdpa", "in_place")
+
+
+def decode_kernel(decode_attention: str, model):
+    """None for "sdpa" (gather the blocks, then PyTorch's attention), or, for "in_place", the
+    compiled CPU kernel that reads them where they lie (infer.cpu_kernels, week 09)."""
+    if decode_attention not in DECODE_ATTENTION:
+        raise ValueError(
+            f"unknown decode_attention {decode_attention!r}; valid: {', '.join(map(repr, DECODE_ATTENTION))}"
+        )
+    if decode_attention == "sdpa":
+        return None
+    weight = model.embed.weight
+    if weight.dtype != torch.float32:
+        raise ValueError(f"decode_attention='in_place' is a float32 kernel; this model is {weight.dtype}")
+    return in_place_decode_attention(weight.device)
+
+
 class ModelRunner:
-    def __init__(self, model, kv_store: KVStore, sampler: Sampler):
+    def __init__(self, model, kv_store: KVStore, sampler: Sampler, decode_attention: str = "sdpa"):
         self.model, self.kv_store, self.sampler = model, kv_store, sampler
         self.device = model.embed.weight.device
+        self.decode_kernel = decode_kernel(decode_attention, model)
         self.num_forwards = 0  # how many model calls so far: one per step
 
     @torch.no_grad()
     def forward(self, work: list[Work]) -> torch.Tensor:
         """Run the step's work in one forward; return the logits of the rows that sample."""
         batch = flatten(work, self.device, with_slots=False)
-        kv = PagedKV.for_runs(self.kv_store.cache, step_runs(work), [item.seq.block_table for item in work])
+        tables = [item.seq.block_table for item in work]
+        kv = PagedKV.for_runs(self.kv_store.cache, step_runs(work), tables, decode_kernel=self.decode_kernel)
         self.num_forwards += 1
         return self.model(batch.token_ids, batch.positions, kv, logits_rows=batch.logits_rows.to(self.device))
 

@@ -21,7 +21,6 @@ import argparse
 import copy
 import json
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -29,9 +28,7 @@ import time
 
 import torch
 
-from infer.engine import Engine
-from infer.engine.sequence import benchmark_params
-from infer.experiments.rounds import spread
+from infer.experiments.decode_steps import BATCH, CONTEXT, STEPS, WARMUP_STEPS, decode_engine, side_by_side
 from infer.metrics import save_results
 from infer.model import MLP, RMSNorm, Transformer
 from infer.models import load_model
@@ -40,7 +37,6 @@ from infer.provenance import provenance
 from infer.timing import cpu_threads
 
 THREADS = 1  # as every CPU measurement of the engine's steps in this course
-BATCH, CONTEXT, STEPS, WARMUP_STEPS = 32, 288, 20, 10
 STORES = ("slots", "paged")
 
 
@@ -52,21 +48,6 @@ def compiled(model: Transformer) -> Transformer:
         if isinstance(module, (RMSNorm, MLP)):
             module.forward = torch.compile(module.forward, dynamic=True)
     return copied
-
-
-def decode_engine(model, store: str, steps: int) -> Engine:
-    """An engine holding `BATCH` sequences of `CONTEXT` prompt tokens, with room for `steps` decodes."""
-    prompt = [1 + i % (model.arch.vocab_size - 1) for i in range(CONTEXT)]
-    engine = Engine(
-        model,
-        max_num_seqs=BATCH,
-        max_num_batched_tokens=BATCH * CONTEXT,
-        max_model_len=CONTEXT + steps + 16,
-        kv_store=store,
-    )
-    for _ in range(BATCH):
-        engine.add_request(prompt, benchmark_params(steps + 8))
-    return engine
 
 
 def first_steps_s(store: str) -> float:
@@ -92,37 +73,19 @@ def start_times(store: str) -> dict:
     return seconds
 
 
-def greedy_tokens(engine: Engine, steps: int) -> dict[str, list[int]]:
-    tokens: dict[str, list[int]] = {}
-    for _ in range(steps):
-        for out in engine.step():
-            tokens.setdefault(out.request_id, []).extend(out.new_token_ids)
-    return tokens
-
-
 def eager_against_compiled(model: Transformer, store: str, rounds: int) -> dict:
     """Median ms of a decode step, eager and compiled, in interleaved rounds, and whether the two
     engines' greedy tokens agree over every step they ran."""
     engines = {
         "eager": decode_engine(model, store, WARMUP_STEPS + rounds * STEPS),
-        "compiled": decode_engine(compiled(model), store, WARMUP_STEPS + rounds * STEPS),
+        "compiled": decode_engine(compiled(model), store, WARMUP_STEPS + rounds * STEPS),  # compiles in its warm-up
     }
-    tokens = {name: greedy_tokens(engine, WARMUP_STEPS) for name, engine in engines.items()}  # compiles here
-    step_ms: dict[str, list[float]] = {name: [] for name in engines}
-    for _ in range(rounds):
-        for name, engine in engines.items():
-            times = []
-            for _ in range(STEPS):
-                start = time.perf_counter()
-                for out in engine.step():
-                    tokens[name].setdefault(out.request_id, []).extend(out.new_token_ids)
-                times.append((time.perf_counter() - start) * 1e3)
-            step_ms[name].append(statistics.median(times))
+    result = side_by_side(engines, rounds, first="eager")
     return {
         "store": store,
-        "decode_step_ms": {name: spread(values) for name, values in step_ms.items()},
-        "ratio_compiled_over_eager": statistics.median(step_ms["compiled"]) / statistics.median(step_ms["eager"]),
-        "same_greedy_tokens": tokens["eager"] == tokens["compiled"],
+        "decode_step_ms": result["step_ms"],
+        "ratio_compiled_over_eager": result["ratio_to_eager"]["compiled"]["median"],
+        "same_greedy_tokens": result["same_greedy_tokens"],
     }
 
 

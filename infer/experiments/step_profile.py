@@ -17,12 +17,15 @@ torch.profiler records every PyTorch operator of a few engine steps; each operat
   batch, the engine's bookkeeping, and dispatching each operator).
 
 A decode step (32 sequences of 288 cached tokens) and a mixed step (16 decodes and a 128-token
-prompt chunk), on the slot store and on the paged store, one thread. The profiler adds its own
+prompt chunk), on the slot store and on the paged store, with each decode attention (PyTorch's
+after a gather, and the in-place kernel: the breakdown before and after it), one thread. The
+profiler adds its own
 cost to every operator, so the steps' mean time under it (`profiled_step_ms`) is longer than the
 same steps of a twin engine unprofiled (`step_ms`); read the groups as shares.
 Writes results/09_step_profile_<profile>.json.
 """
 
+import itertools
 import statistics
 import time
 from functools import partial
@@ -30,6 +33,7 @@ from functools import partial
 from torch.profiler import ProfilerActivity, profile
 
 from infer.engine import Engine
+from infer.engine.model_runner import DECODE_ATTENTION
 from infer.engine.sequence import benchmark_params
 from infer.metrics import save_results
 from infer.model import Transformer
@@ -42,7 +46,7 @@ THREADS = 1
 # (group, substrings of operator names), first match wins: cache writes before the gather's "index"
 GROUPS = (
     ("GEMM", ("aten::mm", "aten::addmm", "aten::bmm", "aten::matmul", "aten::linear")),
-    ("attention", ("scaled_dot_product", "flash_attention", "efficient_attention")),
+    ("attention", ("scaled_dot_product", "flash_attention", "efficient_attention", "in_place_decode_attention")),
     ("cache writes", ("index_put",)),
     ("KV gather", ("index_select", "aten::index", "aten::gather")),
     ("sampling", ("argmax", "softmax", "multinomial", "topk", "aten::sort")),
@@ -125,12 +129,18 @@ def profile_steps(make_engine, steps: int = STEPS) -> dict:
     return {"step_ms": statistics.mean(unprofiled), "profiled_step_ms": wall_ms, "groups_ms": groups}
 
 
-def engine_for(model, store: str, step: str) -> Engine:
+def engine_for(model, store: str, step: str, decode_attention: str = "sdpa") -> Engine:
     """An engine whose next STEPS steps are all of one kind: pure decodes, or decodes with a prompt chunk."""
     prompt = [1 + i % (model.arch.vocab_size - 1) for i in range(288)]
     if step == "decode":
         engine = Engine(
-            model, "chunked", max_num_seqs=32, max_num_batched_tokens=32 * 288, max_model_len=512, kv_store=store
+            model,
+            "chunked",
+            max_num_seqs=32,
+            max_num_batched_tokens=32 * 288,
+            max_model_len=512,
+            kv_store=store,
+            decode_attention=decode_attention,
         )
         for _ in range(32):
             engine.add_request(prompt, benchmark_params(2 * STEPS + 4))
@@ -139,7 +149,13 @@ def engine_for(model, store: str, step: str) -> Engine:
         return engine
     # mixed: 16 decoding sequences, then long prompts that each step continues by one chunk of 128
     engine = Engine(
-        model, "chunked", max_num_seqs=32, max_num_batched_tokens=16 + 128, max_model_len=4096, kv_store=store
+        model,
+        "chunked",
+        max_num_seqs=32,
+        max_num_batched_tokens=16 + 128,
+        max_model_len=4096,
+        kv_store=store,
+        decode_attention=decode_attention,
     )
     for _ in range(16):
         engine.add_request(prompt[:64], benchmark_params(4 * STEPS + 8))
@@ -156,19 +172,17 @@ def main() -> list[dict]:
         lm = load_model("tiny", profile=profile_, weights="random")
         model = Transformer.from_hf(lm.model)
         rows = []
-        for step in ("decode", "mixed"):
-            for store in ("slots", "paged"):
-                result = profile_steps(partial(engine_for, model, store, step))
-                rows.append({"step": step, "store": store, **result})
-                shares = ", ".join(
-                    f"{g} {ms:.2f}"
-                    for g, ms in sorted(result["groups_ms"].items(), key=lambda kv: -kv[1])
-                    if ms >= 0.05
-                )
-                print(
-                    f"{step:>6} step, {store:>5}: {result['step_ms']:.2f} ms unprofiled; profiled, ms: {shares}",
-                    flush=True,
-                )
+        for step, store, attention in itertools.product(("decode", "mixed"), ("slots", "paged"), DECODE_ATTENTION):
+            result = profile_steps(partial(engine_for, model, store, step, attention))
+            rows.append({"step": step, "store": store, "decode_attention": attention, **result})
+            shares = ", ".join(
+                f"{g} {ms:.2f}" for g, ms in sorted(result["groups_ms"].items(), key=lambda kv: -kv[1]) if ms >= 0.05
+            )
+            print(
+                f"{step:>6} step, {store:>5}, {attention:>8}: {result['step_ms']:.2f} ms unprofiled; "
+                f"profiled, ms: {shares}",
+                flush=True,
+            )
         meta = provenance(lm, cpu_threads=THREADS if profile_.device == "cpu" else None)
     path = save_results(f"09_step_profile_{profile_.name}", rows, meta, steps_profiled=STEPS, groups=list(GROUP_NAMES))
     print(f"wrote {path}")
