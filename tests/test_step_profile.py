@@ -17,6 +17,7 @@ from infer.model import Transformer
         ("aten::mm", "GEMM"),
         ("aten::addmm", "GEMM"),
         ("aten::_scaled_dot_product_flash_attention_for_cpu", "attention"),
+        ("in_place_decode_attention", "attention"),  # the compiled kernel's record_function
         ("aten::_index_put_impl_", "cache writes"),
         ("aten::index_put_", "cache writes"),
         ("aten::index_select", "KV gather"),
@@ -49,3 +50,19 @@ def test_the_groups_and_the_host_add_up_to_the_profiled_step(tiny):
     assert groups["GEMM"] > 0 and groups["attention"] > 0 and groups["KV gather"] > 0, groups
     assert sum(groups.values()) == pytest.approx(result["profiled_step_ms"]) or groups[HOST] == 0
     assert result["step_ms"] > 0
+
+
+def test_operator_calls_counts_what_each_layer_dispatches(tiny):
+    from infer.experiments.decode_steps import decode_engine
+    from infer.experiments.step_profile import operator_calls
+    from infer.models import load_model
+
+    counts = {}
+    for name, loaded in (("tiny", tiny), ("tiny-draft", load_model("tiny-draft", weights="random", quiet=True))):
+        engine = decode_engine(Transformer.from_hf(loaded.model), "slots", steps=4)
+        engine.step()  # the prefills
+        counts[name] = (operator_calls(engine), operator_calls(engine), loaded.config.num_hidden_layers)
+    (tiny_a, tiny_b, tiny_layers), (draft_a, _, draft_layers) = counts["tiny"], counts["tiny-draft"]
+    assert tiny_a == tiny_b > 0, f"two alike decode steps should dispatch alike operators, got {tiny_a} and {tiny_b}"
+    per_layer = (tiny_a - draft_a) / (tiny_layers - draft_layers)
+    assert 20 <= per_layer <= 200, f"{per_layer:.0f} operators per layer: the count misses or double-counts layers"

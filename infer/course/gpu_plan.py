@@ -385,6 +385,16 @@ def _solution07(profile: Profile, t: StepTimes) -> Estimate:
     return Estimate("fixed in the notebook", tuple(parts))
 
 
+def _week09(profile: Profile, t: StepTimes) -> Estimate:
+    return Estimate(
+        "-",
+        (
+            Part("reads the CPU results; one decode step profiled", 15.0),
+            Part("builds the in-place CPU kernel (C++), if it is not in the extension cache", 30.0),
+        ),
+    )
+
+
 def _solution08(profile: Profile, t: StepTimes) -> Estimate:
     return Estimate("-", (Part("the allocator and prefix-chain checks: plain Python, no model", 2.0),))
 
@@ -399,6 +409,7 @@ ESTIMATES: dict[str, Callable[[Profile, StepTimes], Estimate]] = {
     "weeks/06_chunked_prefill.ipynb": _week06,
     "weeks/07_serving.ipynb": _week07,
     "weeks/08_paged_kv.ipynb": _week08,
+    "weeks/09_kernels.ipynb": _week09,
     "solutions/01_prefill_decode.ipynb": _solution01,
     "solutions/02_kv_cache.ipynb": _solution02,
     "solutions/03_measuring.ipynb": _solution03,

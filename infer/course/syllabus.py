@@ -75,4 +75,11 @@ WEEKS = (
         "write the block allocator (reference counts, a least-recently-freed free list), the prefix hash chain "
         "and the choice of whom to preempt",
     ),
+    Week(
+        "09",
+        "kernels",
+        "Kernels, graphs and compilation",
+        "this machine's roofline and a step's profile; launch overhead; torch.compile; a paged decode kernel",
+        None,  # its lab (one optimisation, checked token-exact and timed) is still to be written
+    ),
 )

@@ -22,7 +22,7 @@ after a gather, and the in-place kernel: the breakdown before and after it), one
 profiler adds its own
 cost to every operator, so the steps' mean time under it (`profiled_step_ms`) is longer than the
 same steps of a twin engine unprofiled (`step_ms`); read the groups as shares.
-Writes results/09_step_profile_<profile>.json.
+Writes results/09_step_profile_<profile>.json and figures/09_step_profile.png.
 """
 
 import itertools
@@ -30,7 +30,10 @@ import statistics
 import time
 from functools import partial
 
+import matplotlib.pyplot as plt
+import torch
 from torch.profiler import ProfilerActivity, profile
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from infer.engine import Engine
 from infer.engine.model_runner import DECODE_ATTENTION
@@ -38,6 +41,7 @@ from infer.engine.sequence import benchmark_params
 from infer.metrics import save_results
 from infer.model import Transformer
 from infer.models import load_model
+from infer.plotting import save_figure
 from infer.profiles import pick_profile
 from infer.provenance import provenance
 from infer.timing import cpu_threads
@@ -129,6 +133,40 @@ def profile_steps(make_engine, steps: int = STEPS) -> dict:
     return {"step_ms": statistics.mean(unprofiled), "profiled_step_ms": wall_ms, "groups_ms": groups}
 
 
+class _CountingMode(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.calls = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.calls += 1
+        return func(*args, **(kwargs or {}))
+
+
+def operator_calls(engine: Engine) -> int:
+    """How many PyTorch operators the engine's next step dispatches (each one a trip through the
+    dispatcher on the host, and on a GPU a kernel launch). Ops a composite op expands into are
+    counted, not the composite: what reaches a kernel."""
+    with torch.no_grad(), _CountingMode() as mode:
+        engine.step()
+    return mode.calls
+
+
+def plot_step_profile(ax, rows: list[dict]) -> None:
+    """One bar per profiled configuration, its step time split into the groups: each group's share
+    of the profiled step, times the step's unprofiled time (the profiler's own cost taken out)."""
+    labels = [f"{r['step']}, {r['store']}, {r['decode_attention']}" for r in rows]
+    left = [0.0] * len(rows)
+    for index, group in enumerate(GROUP_NAMES):
+        widths = [r["groups_ms"][group] * r["step_ms"] / r["profiled_step_ms"] for r in rows]
+        ax.barh(labels, widths, left=left, label=group, color=plt.get_cmap("tab10")(index))
+        left = [a + b for a, b in zip(left, widths)]
+    ax.invert_yaxis()  # the first configuration on top
+    ax.set_xlabel("ms per step (each group's share of the profiled step x the unprofiled step time)")
+    ax.set_title("Where a step's time goes: tiny model, one thread")
+    ax.legend(loc="lower right", fontsize="small")
+
+
 def engine_for(model, store: str, step: str, decode_attention: str = "sdpa") -> Engine:
     """An engine whose next STEPS steps are all of one kind: pure decodes, or decodes with a prompt chunk."""
     prompt = [1 + i % (model.arch.vocab_size - 1) for i in range(288)]
@@ -186,6 +224,9 @@ def main() -> list[dict]:
         meta = provenance(lm, cpu_threads=THREADS if profile_.device == "cpu" else None)
     path = save_results(f"09_step_profile_{profile_.name}", rows, meta, steps_profiled=STEPS, groups=list(GROUP_NAMES))
     print(f"wrote {path}")
+    fig, ax = plt.subplots(figsize=(9, 5))
+    plot_step_profile(ax, rows)
+    print(f"wrote {save_figure(fig, '09_step_profile', meta)}")
     return rows
 
 
