@@ -15,6 +15,10 @@ Two proposers:
 Rollback is free with the course's KV cache: entries are written at positions (week 02), and a read
 stops at the sequence's length, so the keys of rejected guesses are simply overwritten by the next
 pass. Both models keep one cache slot each.
+
+The two acceptance rules live here, and the serving engine uses them too (infer.engine.speculation):
+`accept_greedy` keeps the guesses the target agrees with; `accept_sampled` is rejection sampling
+(Leviathan et al. 2023, Chen et al. 2023), which keeps the target's distribution at temperature > 0.
 """
 
 from dataclasses import dataclass
@@ -74,6 +78,36 @@ class DraftProposer:
         return guesses
 
 
+def accept_greedy(guesses: list[int], choices: list[int]) -> list[int]:
+    """The tokens a greedy target keeps: the longest prefix of `guesses` equal to its own `choices`
+    (its argmax after the newest token and after each guess, len(guesses) + 1 of them), then its
+    choice where they part, or its bonus token after the last guess when every guess was right."""
+    accepted = 0
+    while accepted < len(guesses) and guesses[accepted] == choices[accepted]:
+        accepted += 1
+    return guesses[:accepted] + [choices[accepted]]
+
+
+def accept_sampled(probs: torch.Tensor, guesses: list[int], generator: torch.Generator | None = None) -> list[int]:
+    """Rejection sampling for guesses that a proposer made deterministically (n-gram lookup, a greedy
+    draft), so that its distribution q is a point mass on each guess: accept guess x with probability
+    min(1, p(x) / q(x)) = p(x); on a rejection, draw from max(0, p - q), renormalised, which is p
+    without x; after the last guess, draw a bonus token from p. Every token kept is then distributed
+    exactly as a draw from the target would be.
+
+    probs: [len(guesses) + 1, vocab], the target's distribution after the newest token and after each
+    guess (temperature, top-k and top-p applied); returns the tokens kept."""
+    kept = []
+    for p, guess in zip(probs, guesses):
+        if torch.rand((), device=p.device, generator=generator) < p[guess]:
+            kept.append(guess)
+            continue
+        residual = p.clone()
+        residual[guess] = 0  # max(0, p - q) for a point mass q; multinomial renormalises
+        return kept + [int(torch.multinomial(residual, 1, generator=generator)[0])]
+    return kept + [int(torch.multinomial(probs[len(guesses)], 1, generator=generator)[0])]
+
+
 @torch.no_grad()
 def speculative_greedy_generate(target, prompt: list[int], max_new_tokens: int, proposer, k: int):
     """The target's greedy continuation of `prompt` (a list of token ids), `max_new_tokens` long,
@@ -91,12 +125,10 @@ def speculative_greedy_generate(target, prompt: list[int], max_new_tokens: int, 
         positions = torch.arange(cached, cached + len(fed))
         rows = torch.arange(len(fed) - len(guesses) - 1, len(fed), device=device)
         choices = target(torch.tensor(fed, device=device), positions, cache, logits_rows=rows).argmax(dim=-1).tolist()
-        accepted = 0
-        while accepted < len(guesses) and guesses[accepted] == choices[accepted]:
-            accepted += 1
-        tokens += guesses[:accepted] + [choices[accepted]]
+        kept = accept_greedy(guesses, choices)
+        tokens += kept
         cached = len(tokens) - 1  # the target's own last token is not in its cache yet
         stats.target_passes += 1
         stats.proposed += len(guesses)
-        stats.accepted += accepted
+        stats.accepted += len(kept) - 1
     return tokens[len(prompt) :][:max_new_tokens], stats

@@ -6,6 +6,8 @@
   the interface the scheduler asks every step;
 - model_runner.py: one step's work as one flat forward pass, logits for sampling rows only;
 - sampler.py: greedy, temperature, top-k and top-p, with per-request seeded generators;
+- speculation.py: speculative decoding (week 10): proposers (n-gram lookup, a draft model), and the
+  verification of their guesses inside the step's one forward;
 - engine.py: the loop (schedule -> run -> update) and the public API;
 - step_record.py: what each step ran (kept with `log_steps=True`), and its shape;
 - clock.py: the wall clock, or the simulator's virtual one;
@@ -16,6 +18,7 @@
 
 from infer.engine.engine import Engine
 from infer.engine.sequence import CompletionResult, RequestOutput, SamplingParams
+from infer.engine.speculation import SpeculativeConfig
 from infer.engine.step_record import StepRecord
 
-__all__ = ["Engine", "SamplingParams", "RequestOutput", "CompletionResult", "StepRecord"]
+__all__ = ["Engine", "SamplingParams", "RequestOutput", "CompletionResult", "SpeculativeConfig", "StepRecord"]

@@ -4,6 +4,9 @@
     tokens = runner.sample(work, runner.forward(work))   # one forward pass over the flat batch, then sampling
     outputs = scheduler.update(work, tokens)   # append tokens, retire the finished, free their slots
 
+With `speculative=SpeculativeConfig(...)` a fourth move comes first: a proposer guesses the next
+tokens of every decoding sequence, and the step verifies them (infer.engine.speculation).
+
 With `log_steps=True` the engine keeps a StepRecord of every step (infer.engine.step_record);
 `phase_times` sums the wall time of each move over all steps, and `stats()` is what a server's
 gauges show.
@@ -35,6 +38,7 @@ from infer.engine.phase_times import PhaseTimes
 from infer.engine.sampler import Sampler
 from infer.engine.scheduler import Limits, Policy, Scheduler, make_policy
 from infer.engine.sequence import CompletionResult, RequestOutput, SamplingParams, Sequence
+from infer.engine.speculation import SpeculativeConfig, make_proposer, propose
 from infer.engine.step_record import StepRecord, step_items
 
 logger = logging.getLogger("infer.engine")
@@ -51,7 +55,12 @@ class EngineStats:
     num_preemptions: int  # since the engine started
     prefix_cache_hit_rate: float  # 0 for a store without prefix caching
     num_steps: int
-    phase_seconds: dict[str, float]  # PhaseTimes.seconds: schedule, forward, sample, update
+    phase_seconds: dict[str, float]  # PhaseTimes.seconds: schedule, forward, sample, update (and propose)
+    # speculative decoding, since the engine started, under vLLM's names: requests' steps that verified
+    # guesses, the guesses verified, and those the target kept
+    num_drafts: int = 0
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
 
 
 class Engine:
@@ -71,14 +80,16 @@ class Engine:
         enable_prefix_caching: bool = False,
         log_steps: bool = False,
         on_step_error: str = "raise",
+        speculative: SpeculativeConfig | None = None,
         decode_attention: str = "sdpa",
     ):
         """kv_store: "slots" (one slot of max_model_len per sequence, weeks 05-07), "paged" (week 08:
         `num_kv_blocks` blocks of `block_size` positions, by default as much memory as the slots
         would take; optionally with prefix caching), or a store of your own. on_step_error: "raise"
-        or "fail_requests" (see the module's docstring). decode_attention: "sdpa" (the decodes'
-        blocks gathered, then PyTorch's attention) or "in_place" (week 09's compiled CPU kernel,
-        float32: the blocks read where they lie)."""
+        or "fail_requests" (see the module's docstring). speculative: speculative decoding (week 10),
+        or None; its proposer is `self.proposer`, which a proposer of your own may replace.
+        decode_attention: "sdpa" (the decodes' blocks gathered, then PyTorch's attention) or
+        "in_place" (week 09's compiled CPU kernel, float32: the blocks read where they lie)."""
         if on_step_error not in STEP_ERROR_MODES:
             raise ValueError(
                 f"unknown on_step_error {on_step_error!r}; valid: {', '.join(map(repr, STEP_ERROR_MODES))}"
@@ -109,6 +120,15 @@ class Engine:
             WallClock(),
             log_steps,
         )
+        if speculative is not None:
+            draft = speculative.draft_model
+            if draft is not None and draft.arch.vocab_size != model.arch.vocab_size:
+                raise ValueError(
+                    f"the draft model's vocabulary ({draft.arch.vocab_size} tokens) is not the target's "
+                    f"({model.arch.vocab_size}): its guesses would be other tokens' ids"
+                )
+            self.proposer = make_proposer(speculative, max_num_seqs, max_model_len)
+            self.num_speculative_tokens = speculative.num_speculative_tokens
 
     def assemble(
         self,
@@ -133,7 +153,9 @@ class Engine:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
         self.policy = make_policy(policy) if isinstance(policy, str) else policy
         self.limits, self.max_model_len, self.kv_store, self.vocab_size = limits, max_model_len, kv_store, vocab_size
-        self.scheduler = Scheduler(self.policy, limits, kv_store, eos_ids, max_model_len)
+        self.scheduler = Scheduler(self.policy, limits, kv_store, eos_ids, max_model_len, on_release=self._released)
+        self.proposer, self.num_speculative_tokens = None, 0  # speculative decoding: off
+        self.num_drafts = self.num_draft_tokens = self.num_accepted_tokens = 0
         self.sampler, self.runner, self.clock = sampler, runner, clock
         self.requests: dict[str, Sequence] = {}  # unfinished requests by id
         self.ids = (str(i) for i in itertools.count())
@@ -237,7 +259,15 @@ class Engine:
                 self.prefix_cache_hit_rate,
                 self.num_steps,
                 dict(self.phase_times.seconds),
+                self.num_drafts,
+                self.num_draft_tokens,
+                self.num_accepted_tokens,
             )
+
+    def _released(self, seq: Sequence) -> None:
+        """The scheduler let `seq` go (finished, aborted or preempted): so does the proposer."""
+        if self.proposer is not None:
+            self.proposer.free(seq)
 
     # ------------------------------------------------------------ the loop
 
@@ -247,6 +277,9 @@ class Engine:
         with self.lock:
             start = self.clock.now()
             try:
+                if self.proposer is not None:
+                    with timed("propose"):
+                        propose(self.proposer, self.scheduler.running, self.num_speculative_tokens)
                 with timed("schedule"):
                     work = self.scheduler.schedule()
             except Exception as exc:  # the queues may be half updated: fail everyone they hold
@@ -268,6 +301,10 @@ class Engine:
                 if out.finished:
                     del self.requests[out.request_id]
                     self.sampler.remove(out.request_id)
+                if out.num_draft_tokens:
+                    self.num_drafts += 1
+                    self.num_draft_tokens += out.num_draft_tokens
+                    self.num_accepted_tokens += out.num_accepted_tokens
             if self.step_log is not None:
                 self.step_log.append(StepRecord(self.num_steps, start, self.clock.now(), items, num_running))
             self.num_steps += 1
@@ -304,13 +341,19 @@ class Engine:
         ids = [self.add_request(p, sp) for p, sp in zip(prompts, params_list)]
         prompt_ids = {rid: self.requests[rid].prompt_token_ids for rid in ids}
         tokens = {rid: [] for rid in ids}
+        drafted, accepted = dict.fromkeys(ids, 0), dict.fromkeys(ids, 0)
         reasons = {}
         with tqdm(total=len(ids), desc=f"engine ({self.policy.name})", unit="req", disable=not progress) as bar:
             while len(reasons) < len(ids):
                 for out in self.step():
                     if out.request_id in tokens:
                         tokens[out.request_id] += out.new_token_ids
+                        drafted[out.request_id] += out.num_draft_tokens
+                        accepted[out.request_id] += out.num_accepted_tokens
                         if out.finished:
                             reasons[out.request_id] = out.finish_reason
                             bar.update(1)
-        return [CompletionResult(rid, prompt_ids[rid], tokens[rid], reasons[rid]) for rid in ids]
+        return [
+            CompletionResult(rid, prompt_ids[rid], tokens[rid], reasons[rid], drafted[rid], accepted[rid])
+            for rid in ids
+        ]

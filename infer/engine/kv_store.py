@@ -9,8 +9,10 @@ prefill can skip them without the policies knowing.
 
 `SlotKVStore` is the course's week 02 cache (`infer.kv_cache.KVCache`) seen as blocks of
 `max_model_len` positions: one block, a slot, per running sequence, the lowest free one first.
-Room for a whole sequence is reserved up front, so an append never runs out: simple, and
-wasteful of memory. Week 08's paged store hands out small blocks as sequences grow, and may run
+Room for a whole sequence is reserved up front, so an append never runs out, and a rollback
+(speculative decoding's rejected guesses) gives nothing back: their entries are overwritten at
+their positions by the next step, like the reference's (infer.speculative). Simple, and wasteful
+of memory. Week 08's paged store hands out small blocks as sequences grow, and may run
 out, which makes the scheduler preempt.
 """
 
@@ -35,6 +37,9 @@ class KVStore(Protocol):
         """Room for a running sequence to compute `num_tokens` more?"""
 
     def append(self, seq: Sequence, num_tokens: int) -> None: ...
+
+    def roll_back(self, seq: Sequence) -> None:
+        """`seq.num_computed_tokens` went back (speculative guesses rejected): let go of the room past it."""
 
     def free(self, seq: Sequence) -> None: ...
 
@@ -79,6 +84,9 @@ class SlotKVStore:
         return seq.num_computed_tokens + num_tokens <= self.block_size  # the slot was reserved whole
 
     def append(self, seq: Sequence, num_tokens: int) -> None:
+        pass
+
+    def roll_back(self, seq: Sequence) -> None:
         pass
 
     def free(self, seq: Sequence) -> None:

@@ -3,7 +3,9 @@
 The scheduler's work items (sequence, tokens to compute) become the model's flat inputs: every
 item's tokens in a row, each with its position. Logits are computed only for the rows that sample
 (an item's last token when it reaches the sequence's newest token), not for every prompt token:
-that is a [rows, vocab] matmul saved per prefill token.
+that is a [rows, vocab] matmul saved per prefill token. An item that carries guesses (speculative
+decoding) has rows for them after its newest token, and each of those rows gets logits too: the
+target's distribution after the newest token and after each guess, which verification compares.
 
 `flatten` lays out a step for a cache addressed by slots (`seq_ids`, lab 05); the runner hands the
 model the step's `PagedKV` instead, built from each sequence's block table, so that any KV store
@@ -18,6 +20,7 @@ from infer.cpu_kernels import in_place_decode_attention
 from infer.engine.kv_store import KVStore
 from infer.engine.sampler import Sampler
 from infer.engine.scheduler import Work
+from infer.engine.speculation import verify
 from infer.paged_attention import PagedKV, SeqRun
 
 
@@ -26,19 +29,20 @@ class FlatBatch:
     token_ids: torch.Tensor  # [N], on the model's device
     positions: torch.Tensor  # [N], on the CPU (the model plans its per-sequence runs on the host)
     seq_ids: torch.Tensor  # [N] KV slots (the slot store's), on the CPU
-    logits_rows: torch.Tensor  # [S] rows that sample, in work order
+    logits_rows: torch.Tensor  # [S] rows that sample (1 + its guesses per sampling item), in work order
 
 
 def flatten(work: list[Work], device: torch.device | str, *, with_slots: bool = True) -> FlatBatch:
     """Lay the step's work items out one after another as one flat batch."""
     token_ids, positions, seq_ids, logits_rows = [], [], [], []
     for item in work:
-        token_ids += item.seq.token_ids(item.start, item.start + item.num_tokens)
+        guesses = item.spec_token_ids
+        token_ids += item.seq.token_ids(item.start, item.start + item.num_tokens) + guesses
         positions += range(item.start, item.start + item.num_tokens)
         if with_slots:
             seq_ids += [item.seq.slot] * item.num_tokens
         if item.samples:
-            logits_rows.append(len(token_ids) - 1)
+            logits_rows += range(len(token_ids) - 1 - len(guesses), len(token_ids))
     return FlatBatch(
         torch.tensor(token_ids, device=device),
         torch.tensor(positions, device="cpu"),
@@ -90,7 +94,12 @@ class ModelRunner:
         self.num_forwards += 1
         return self.model(batch.token_ids, batch.positions, kv, logits_rows=batch.logits_rows.to(self.device))
 
-    def sample(self, work: list[Work], logits: torch.Tensor) -> list[int]:
-        """One sampled token per item that samples, in work order."""
-        sampling = [item.seq for item in work if item.samples]
-        return self.sampler.sample(logits, [s.request_id for s in sampling], [s.params for s in sampling])
+    def sample(self, work: list[Work], logits: torch.Tensor) -> list[list[int]]:
+        """The tokens each item that samples adds, in work order: its one sampled token, or, when
+        the step verifies guesses, what verification keeps (infer.engine.speculation)."""
+        sampling = [item for item in work if item.samples]
+        if any(item.spec_token_ids for item in sampling):
+            return verify(sampling, logits, self.sampler)
+        seqs = [item.seq for item in sampling]
+        tokens = self.sampler.sample(logits, [s.request_id for s in seqs], [s.params for s in seqs])
+        return [[token] for token in tokens]

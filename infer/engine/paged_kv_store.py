@@ -13,6 +13,10 @@ grow, shared between sequences that start with the same tokens.
   block keeps its name and contents until it is handed out again: the free list hands out the
   least recently freed block first (LRU eviction), so recently used prefixes stay findable.
 - When there are no free blocks left, `can_append` says no and the scheduler preempts.
+- Speculative decoding (infer.engine.speculation) computes guesses past a sequence's newest token.
+  Only blocks full of its real tokens are ever named, so a block holding a guess is never shared;
+  after verification, `roll_back` frees the blocks that held nothing but rejected guesses, and the
+  rejected entries left in its last block are overwritten by the next step.
 """
 
 from collections import deque
@@ -90,6 +94,12 @@ class PagedKVStore:
     def append(self, seq: Sequence, num_tokens: int) -> None:
         self._grow(seq, seq.num_computed_tokens + num_tokens)
 
+    def roll_back(self, seq: Sequence) -> None:
+        while len(seq.block_table) > self._blocks_for(seq.num_computed_tokens):
+            block_id = seq.block_table.pop()  # never named: it held guesses, past the sequence's tokens
+            self.blocks[block_id].ref_count = 0
+            self.free_blocks.append(block_id)
+
     def free(self, seq: Sequence) -> None:
         # last blocks first: a prefix's tail is evicted before its head, which more sequences share
         for block_id in reversed(seq.block_table):
@@ -120,11 +130,12 @@ class PagedKVStore:
         return -(-num_tokens // self.block_size)
 
     def _grow(self, seq: Sequence, num_tokens: int) -> None:
-        """Give `seq` blocks for its first `num_tokens` positions, and name the blocks they fill."""
+        """Give `seq` blocks for its first `num_tokens` positions, and name the blocks its own tokens
+        fill (not its guesses: those may be rejected)."""
         while len(seq.block_table) < self._blocks_for(num_tokens):
             seq.block_table.append(self._take_free_block())
         if self.enable_prefix_caching:
-            self._name_full_blocks(seq, num_tokens)
+            self._name_full_blocks(seq, min(num_tokens, seq.num_tokens))
 
     def _take_free_block(self) -> int:
         if not self.free_blocks:

@@ -18,4 +18,5 @@ class PhaseTimes:
         try:
             yield
         finally:
-            self.seconds[phase] += time.perf_counter() - start
+            # a phase not in PHASES (propose: speculative decoding only) appears once it has run
+            self.seconds[phase] = self.seconds.get(phase, 0.0) + time.perf_counter() - start

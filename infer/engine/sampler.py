@@ -28,6 +28,12 @@ def filter_top_k_top_p(logits: torch.Tensor, top_k: int, top_p: float) -> torch.
     return logits
 
 
+def sampling_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """The distribution a non-greedy request draws from: logits [vocab] scaled by its temperature,
+    cut to its top-k and top-p, softmaxed (speculative decoding verifies guesses against it)."""
+    return filter_top_k_top_p(logits.float() / params.temperature, params.top_k, params.top_p).softmax(-1)
+
+
 class Sampler:
     def __init__(self, device: torch.device | str):
         self.device = torch.device(device)
@@ -46,7 +52,6 @@ class Sampler:
         for row, (request_id, p) in enumerate(zip(request_ids, params)):
             if p.greedy:
                 continue
-            row_logits = filter_top_k_top_p(logits[row].float() / p.temperature, p.top_k, p.top_p)
-            probs = row_logits.softmax(-1)
+            probs = sampling_probs(logits[row], p)
             tokens[row] = torch.multinomial(probs, 1, generator=self.generators.get(request_id))[0]
         return tokens.tolist()  # the one host-device sync of a step

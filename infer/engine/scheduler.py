@@ -16,6 +16,10 @@ Policies:
   left), and on new prompts last; a prompt may span several steps, so no step is ever a long
   prefill that stalls the decodes.
 
+Speculative decoding (infer.engine.speculation) changes one thing here: a decoding sequence that
+carries guesses needs 1 + len(guesses) rows, which the budget counts (a tight budget verifies fewer
+guesses), and `update` appends what verification kept, then rolls the sequence back to it.
+
 What can run: every request the engine accepts (`refusal` says None) can be scheduled, under
 every policy and store. Its whole context fits the KV store alone, and, for a policy that does
 not split prompts, its prompt fits one step's token budget. One case is left: a sequence preempted
@@ -43,7 +47,8 @@ class Limits:
 
 @dataclass(frozen=True)
 class Work:
-    """Compute tokens [start, start + num_tokens) of `seq` in this step."""
+    """Compute tokens [start, start + num_tokens) of `seq` in this step; positions past its newest
+    token hold its guesses (speculative decoding)."""
 
     seq: Sequence
     start: int
@@ -51,8 +56,13 @@ class Work:
 
     @property
     def samples(self) -> bool:
-        """Does this item end at the sequence's newest token, so that the next one is sampled?"""
-        return self.start + self.num_tokens == self.seq.num_tokens
+        """Does this item reach the sequence's newest token, so that the next one is sampled?"""
+        return self.start + self.num_tokens >= self.seq.num_tokens
+
+    @property
+    def spec_token_ids(self) -> list[int]:
+        """The guesses this item verifies: those of its rows that lie past the newest token."""
+        return self.seq.spec_token_ids[: max(0, self.start + self.num_tokens - self.seq.num_tokens)]
 
 
 # An admission decision: how many of the waiting requests (their prompt lengths, oldest first)
@@ -109,7 +119,13 @@ class PrefillFirst:
         )
         if admitted:
             return admitted, [(s, s.num_uncomputed_tokens) for s in waiting[:admitted]]
-        return 0, [(s, 1) for s in running]
+        spare = limits.max_num_batched_tokens - len(running)  # every decode gets its row; guesses share the rest
+        plan = []
+        for s in running:
+            guesses = min(len(s.spec_token_ids), max(spare, 0))
+            spare -= guesses
+            plan.append((s, 1 + guesses))
+        return 0, plan
 
 
 def chunked_token_counts(
@@ -185,9 +201,21 @@ def make_policy(name: str) -> Policy:
 
 
 class Scheduler:
-    def __init__(self, policy: Policy, limits: Limits, kv_store: KVStore, eos_token_ids: set[int], max_model_len: int):
+    def __init__(
+        self,
+        policy: Policy,
+        limits: Limits,
+        kv_store: KVStore,
+        eos_token_ids: set[int],
+        max_model_len: int,
+        *,
+        on_release: Callable[[Sequence], None] | None = None,
+    ):
+        """on_release: called with every sequence that gives back its KV room (finished, aborted or
+        preempted), for state kept beside it (a draft model's cache slot)."""
         self.policy, self.limits, self.kv_store = policy, limits, kv_store
         self.eos_token_ids, self.max_model_len = eos_token_ids, max_model_len
+        self.on_release = on_release
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []  # in admission order: the newest last
         self.num_preemptions = 0
@@ -285,27 +313,49 @@ class Scheduler:
         back to the head of the queue; its prompt and the tokens it has produced are computed
         again when it is readmitted, and it goes on from there."""
         self.running.remove(seq)
-        self.kv_store.free(seq)
+        self._release(seq)
         seq.status, seq.num_computed_tokens = Status.WAITING, 0
         seq.num_preemptions += 1
         self.num_preemptions += 1
         self.waiting.appendleft(seq)
 
-    def update(self, work: list[Work], sampled: list[int]) -> list[RequestOutput]:
-        """Account for a finished step: `sampled` holds one token per item that samples, in order."""
-        tokens = iter(sampled)
+    def update(self, work: list[Work], sampled: list[list[int]] | list[int]) -> list[RequestOutput]:
+        """Account for a finished step: `sampled` holds, for each item that samples (in order), the
+        tokens it adds: its sampled token, or under speculative decoding the guesses verification kept
+        and the target's own token after them. (A plain int is one token, as week 05's step gives.)"""
+        per_item = iter(sampled)
         outputs = []
         for item in work:
-            seq = item.seq
+            seq, guesses = item.seq, item.spec_token_ids
+            seq.spec_token_ids = []
             seq.num_computed_tokens = item.start + item.num_tokens
             if not item.samples:
                 continue  # a prefill chunk with more of its prompt to come (week 06)
-            token = next(tokens)
-            seq.output_token_ids.append(token)
-            reason = self.finish_reason(seq, token)
+            tokens = next(per_item)
+            tokens = [tokens] if isinstance(tokens, int) else tokens
+            num_accepted = len(tokens) - 1
+            seq.num_computed_tokens -= len(guesses) - num_accepted  # the rejected guesses' K/V are not its own
+            new_tokens, reason = [], None
+            for token in tokens:  # EOS or max_tokens inside the span: the tokens after it are dropped
+                seq.output_token_ids.append(token)
+                new_tokens.append(token)
+                reason = self.finish_reason(seq, token)
+                if reason is not None:
+                    break
             if reason is not None:
                 self.finish(seq, reason)
-            outputs.append(RequestOutput(seq.request_id, [token], reason is not None, reason))
+            elif guesses:
+                self.kv_store.roll_back(seq)
+            outputs.append(
+                RequestOutput(
+                    seq.request_id,
+                    new_tokens,
+                    reason is not None,
+                    reason,
+                    num_draft_tokens=len(guesses),
+                    num_accepted_tokens=num_accepted,
+                )
+            )
         return outputs
 
     def finish_reason(self, seq: Sequence, token: int) -> str | None:
@@ -320,7 +370,13 @@ class Scheduler:
         """Retire `seq` from whichever queue holds it, and give back its KV room."""
         if seq.status is Status.RUNNING:
             self.running.remove(seq)
-            self.kv_store.free(seq)
+            self._release(seq)
         elif seq.status is Status.WAITING:
             self.waiting.remove(seq)
         seq.status, seq.finish_reason = Status.FINISHED, reason
+
+    def _release(self, seq: Sequence) -> None:
+        self.kv_store.free(seq)
+        seq.spec_token_ids = []
+        if self.on_release is not None:
+            self.on_release(seq)

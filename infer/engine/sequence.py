@@ -4,7 +4,9 @@ reports back about it.
 A `Sequence` carries its prompt, the tokens generated so far, and `num_computed_tokens`: how many
 of its tokens already have their keys and values in the KV cache. Every policy schedules work as
 "compute the next n tokens of this sequence", so a whole prompt (prefill), a part of one (a
-chunk, week 06) and one decode token are the same kind of item.
+chunk, week 06) and one decode token are the same kind of item. Under speculative decoding
+(infer.engine.speculation) a decoding sequence also carries `spec_token_ids`, a proposer's guesses
+at its next tokens: they are computed after its newest token, in the same item, and verified.
 """
 
 import enum
@@ -65,6 +67,7 @@ class Sequence:
     block_table: list[int] = field(default_factory=list)  # the KV blocks holding its positions, in order
     finish_reason: str | None = None  # "length", "stop", "abort", or "error" (a step failed for it)
     num_preemptions: int = 0
+    spec_token_ids: list[int] = field(default_factory=list)  # guesses to verify in the next step
 
     @property
     def slot(self) -> int | None:
@@ -84,8 +87,8 @@ class Sequence:
     def num_uncomputed_tokens(self) -> int:
         """Tokens still to run through the model before the next one can be sampled: the rest of
         the prompt while prefilling, 1 (the newest token) while decoding, and everything so far
-        after a preemption (its KV was dropped: recomputed like a prompt)."""
-        return self.num_tokens - self.num_computed_tokens
+        after a preemption (its KV was dropped: recomputed like a prompt); plus the guesses to verify."""
+        return self.num_tokens + len(self.spec_token_ids) - self.num_computed_tokens
 
     @property
     def is_prefilling(self) -> bool:
@@ -103,13 +106,16 @@ class Sequence:
 
 @dataclass(frozen=True)
 class RequestOutput:
-    """What one step did for one request: the tokens it added (zero or one) and whether it ended."""
+    """What one step did for one request: the tokens it added (zero or one, or up to k + 1 under
+    speculative decoding) and whether it ended."""
 
     request_id: str
     new_token_ids: list[int]
     finished: bool
     finish_reason: str | None = None
     error: str | None = None  # why the engine failed this request (finish_reason "error")
+    num_draft_tokens: int = 0  # guesses this step verified (speculative decoding)
+    num_accepted_tokens: int = 0  # of those, how many the target kept
 
 
 @dataclass(frozen=True)
@@ -120,3 +126,5 @@ class CompletionResult:
     prompt_token_ids: list[int]
     token_ids: list[int]
     finish_reason: str
+    num_draft_tokens: int = 0  # guesses verified over the whole request (speculative decoding)
+    num_accepted_tokens: int = 0

@@ -19,7 +19,7 @@ import multiprocessing
 import threading
 import time
 import traceback
-from dataclasses import replace
+from dataclasses import astuple, replace
 
 import torch
 
@@ -59,7 +59,7 @@ def run_engine_core(conn, model, settings: EngineSettings, num_threads: int) -> 
                 if changed:
                     conn.send(("stats", stats()))
             if engine.has_unfinished():
-                outputs = [(o.request_id, o.new_token_ids, o.finished, o.finish_reason, o.error) for o in engine.step()]
+                outputs = [astuple(o) for o in engine.step()]
                 start = time.perf_counter()
                 conn.send(("step", outputs, stats()))
                 send_seconds += time.perf_counter() - start

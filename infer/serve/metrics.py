@@ -69,6 +69,16 @@ class EngineCounters(Collector):
         for phase, seconds in stats.phase_seconds.items():
             phases.add_metric([*values, phase], seconds)
         yield from (preemptions, steps, phases)
+        # Speculative decoding (week 10), vLLM's counters: acceptance rate = accepted / draft tokens,
+        # mean tokens per verifying step = 1 + accepted / drafts. 0 while speculation is off.
+        for name, doc, value in (
+            ("infer:spec_decode_num_drafts", "Requests' steps that verified guesses.", stats.num_drafts),
+            ("infer:spec_decode_num_draft_tokens", "Guessed tokens verified.", stats.num_draft_tokens),
+            ("infer:spec_decode_num_accepted_tokens", "Guessed tokens the target kept.", stats.num_accepted_tokens),
+        ):
+            counter = CounterMetricFamily(name, doc, labels=names)
+            counter.add_metric(values, value)
+            yield counter
 
 
 class ServerMetrics:

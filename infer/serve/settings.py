@@ -4,6 +4,7 @@ how it is built from a model."""
 from dataclasses import dataclass
 
 from infer.engine import Engine
+from infer.engine.speculation import SpeculativeConfig
 
 
 @dataclass(frozen=True)
@@ -16,6 +17,7 @@ class EngineSettings:
     num_kv_blocks: int | None = None  # None: as much memory as the slots would take
     block_size: int = 16
     enable_prefix_caching: bool = False
+    speculative: SpeculativeConfig | None = None  # speculative decoding (week 10), vLLM's --speculative-config
     # As vLLM V1: the engine core in a process of its own, so the HTTP front end never holds the
     # engine's interpreter. False: the engine in a thread of the server's process (week 07 compares).
     engine_process: bool = True
@@ -33,5 +35,6 @@ def make_engine(model, settings: EngineSettings) -> Engine:
         num_kv_blocks=settings.num_kv_blocks,
         block_size=settings.block_size,
         enable_prefix_caching=settings.enable_prefix_caching,
+        speculative=settings.speculative,
         on_step_error="fail_requests",  # one request's failure must not stop the server
     )
