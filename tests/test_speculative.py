@@ -71,3 +71,36 @@ def test_ngram_lookup_proposes_what_followed_the_latest_match():
     assert proposer.propose([7, 8, 9], 3) == []  # nothing repeats
     with pytest.raises(ValueError):
         NgramProposer(max_n=1, min_n=2)
+
+
+def test_the_textbook_yield_of_a_verifying_step():
+    from infer.experiments.speculation_batch import expected_tokens_per_step
+
+    assert expected_tokens_per_step(0.0, 3) == 1.0, "every guess rejected: the target's own token only"
+    assert expected_tokens_per_step(1.0, 3) == 4.0, "every guess accepted: k guesses and one more"
+    assert expected_tokens_per_step(0.5, 2) == pytest.approx(1.75)
+
+
+def test_shuffled_prompts_keep_their_bytes_and_lose_their_order():
+    from infer.experiments.speculation_batch import shuffled
+
+    prompts = [list(range(50)), [7] * 5 + [9] * 5]
+    mixed = shuffled(prompts)
+    assert [sorted(p) for p in mixed] == [sorted(p) for p in prompts]
+    assert mixed[0] != prompts[0], "a 50-byte prompt came back in its own order"
+
+
+def test_a_roofline_predicts_speculation_free_when_memory_bound_and_k_plus_1_times_dearer_when_compute_bound():
+    from infer.experiments.speculation_batch import K, Roof, roofline_speedups
+    from infer.models import MODEL_SPECS
+
+    config = MODEL_SPECS["tiny"].config()
+    memory_bound = roofline_speedups(config, 4, Roof(peak_flops=1e18, bandwidth=1e9), 0.0, tokens_per_step=3.0)
+    assert all(r["verifying_step_bound_by"] == "memory" for r in memory_bound)
+    assert memory_bound[0]["speedup"] == pytest.approx(3.0, rel=0.05), (
+        "a memory-bound verifying step moves about the bytes of a plain one: the speed-up is the tokens a step"
+    )
+    compute_bound = roofline_speedups(config, 4, Roof(peak_flops=1e6, bandwidth=1e18), 0.0, tokens_per_step=3.0)
+    assert compute_bound[-1]["speedup"] == pytest.approx(3.0 / (K + 1), rel=0.1), (
+        "a compute-bound verifying step does K + 1 times the arithmetic of a plain one"
+    )

@@ -395,6 +395,10 @@ def _week09(profile: Profile, t: StepTimes) -> Estimate:
     )
 
 
+def _week10(profile: Profile, t: StepTimes) -> Estimate:
+    return Estimate("-", (Part("reads the CPU results; loads the course's trained weights", 10.0),))
+
+
 def _solution08(profile: Profile, t: StepTimes) -> Estimate:
     return Estimate("-", (Part("the allocator and prefix-chain checks: plain Python, no model", 2.0),))
 
@@ -410,6 +414,7 @@ ESTIMATES: dict[str, Callable[[Profile, StepTimes], Estimate]] = {
     "weeks/07_serving.ipynb": _week07,
     "weeks/08_paged_kv.ipynb": _week08,
     "weeks/09_kernels.ipynb": _week09,
+    "weeks/10_speculative.ipynb": _week10,
     "solutions/01_prefill_decode.ipynb": _solution01,
     "solutions/02_kv_cache.ipynb": _solution02,
     "solutions/03_measuring.ipynb": _solution03,

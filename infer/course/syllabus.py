@@ -82,4 +82,11 @@ WEEKS = (
         "this machine's roofline and a step's profile; launch overhead; torch.compile; a paged decode kernel",
         None,  # its lab (one optimisation, checked token-exact and timed) is still to be written
     ),
+    Week(
+        "10",
+        "speculative",
+        "Speculative decoding",
+        "weights the course trains itself; guess and verify; prompt lookup and a draft model; where it stops paying",
+        None,  # its lab (the verification step and the KV rollback) is still to be written
+    ),
 )

@@ -10,6 +10,7 @@ saved bfloat16 weights), its training time, and a greedy sample. CI never trains
 few steps and checks that the loss falls."""
 
 import argparse
+import math
 import platform
 import time
 
@@ -27,6 +28,19 @@ SAMPLE_PROMPT = "def "
 SAMPLE_BYTES = 160
 LOSS_EVERY = 10  # steps between the loss curve's points
 BATCH, LENGTH = 16, 256  # windows of bytes a step
+
+
+def plot_training(ax, runs: list[dict]) -> None:
+    """Each model's training loss, in bits per byte (the held-out score's unit), against its steps."""
+    for run in runs:
+        steps = [i * run["loss_every"] for i in range(len(run["loss_nats"]))]
+        ax.plot(steps, [loss / math.log(2) for loss in run["loss_nats"]], label=f"{run['model']} (training batches)")
+        ax.axhline(run["held_out_bits_per_byte"]["trained"], ls="--", lw=1, color=ax.lines[-1].get_color())
+    ax.set_yscale("log")
+    ax.set_xlabel(f"training step ({BATCH} windows of {LENGTH} bytes each)")
+    ax.set_ylabel("loss (bits per byte, log scale)")
+    ax.set_title("The course's weights, trained here; dashed: held-out bits per byte after training")
+    ax.legend()
 
 
 @torch.no_grad()

@@ -32,10 +32,11 @@ THREADS = 1  # as every CPU measurement of the engine's steps in this course (we
 CASES = (("tiny", 32, 288, 20), ("qwen2.5-0.5b", 32, 64, 4))
 
 
-def decode_step_cost(config, batch: int, context: int, bytes_per_element: int) -> ForwardCost:
-    """One decode step of `batch` sequences with `context` cached tokens each: every weight read
-    once for the whole batch; FLOPs, KV and activation bytes once per sequence."""
-    one = forward_cost(config, 1, context, bytes_per_element)
+def decode_step_cost(config, batch: int, context: int, bytes_per_element: int, new_tokens: int = 1) -> ForwardCost:
+    """One decode step of `batch` sequences with `context` cached tokens each, `new_tokens` each (more
+    than 1: a speculative step verifying guesses): every weight read once for the whole batch;
+    FLOPs, KV and activation bytes once per sequence."""
+    one = forward_cost(config, new_tokens, context, bytes_per_element)
     return ForwardCost(
         flops=batch * one.flops,
         weight_bytes=one.weight_bytes,
