@@ -109,9 +109,10 @@ def accept_sampled(probs: torch.Tensor, guesses: list[int], generator: torch.Gen
 
 
 @torch.no_grad()
-def speculative_greedy_generate(target, prompt: list[int], max_new_tokens: int, proposer, k: int):
+def speculative_greedy_generate(target, prompt: list[int], max_new_tokens: int, proposer, k: int, accept=accept_greedy):
     """The target's greedy continuation of `prompt` (a list of token ids), `max_new_tokens` long,
-    verified k proposed tokens at a time; returns (new tokens, SpeculationStats)."""
+    verified k proposed tokens at a time; returns (new tokens, SpeculationStats). `accept(guesses,
+    choices)` picks the tokens each pass keeps (lab 10 plugs its own in)."""
     if max_new_tokens < 1 or k < 0:
         raise ValueError(f"need max_new_tokens >= 1 and k >= 0, got {max_new_tokens} and {k}")
     device = target.embed.weight.device
@@ -125,7 +126,7 @@ def speculative_greedy_generate(target, prompt: list[int], max_new_tokens: int, 
         positions = torch.arange(cached, cached + len(fed))
         rows = torch.arange(len(fed) - len(guesses) - 1, len(fed), device=device)
         choices = target(torch.tensor(fed, device=device), positions, cache, logits_rows=rows).argmax(dim=-1).tolist()
-        kept = accept_greedy(guesses, choices)
+        kept = accept(guesses, choices)
         tokens += kept
         cached = len(tokens) - 1  # the target's own last token is not in its cache yet
         stats.target_passes += 1

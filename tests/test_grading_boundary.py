@@ -64,6 +64,11 @@ LIBRARY_STAND_INS = {
         "cached_prefix": "infer.course.grading.exercises.week08:reference_cached_prefix",
         "make_room": "infer.course.grading.exercises.week08:reference_make_room",
     },
+    "10": {
+        "accept_guesses_greedy": "infer.speculative:accept_greedy",
+        "accept_guesses_sampled": "infer.speculative:accept_sampled",
+        "blocks_after_rollback": "infer.course.grading.exercises.week10:blocks_after_rollback",
+    },
 }
 
 # Runs first, in a cell the student added: every escape, each on its own, none allowed to stop the others.
@@ -96,10 +101,12 @@ for _escape in ("profile", "monkeypatch", "salt", "keys", "hook"):
         if _escape == "profile":
             sys.setprofile(None)
         elif _escape == "monkeypatch":
+            import pkgutil
             import infer.course.grading.checks as _checks
+            import infer.course.grading.exercises as _exercises
             _pass_everything(_checks)
-            for _week in range(1, 9):
-                _pass_everything(importlib.import_module(f"infer.course.grading.exercises.week{_week:02d}"))
+            for _found in pkgutil.iter_modules(_exercises.__path__):
+                _pass_everything(importlib.import_module(f"infer.course.grading.exercises.{_found.name}"))
         elif _escape == "salt":
             print("ESCAPE salt:", os.environ.get("INFER_GRADING_SALT"))
             for _path in ("/proc/1/environ", f"/proc/{os.getppid()}/environ"):

@@ -399,6 +399,16 @@ def _week10(profile: Profile, t: StepTimes) -> Estimate:
     return Estimate("-", (Part("reads the CPU results; loads the course's trained weights", 10.0),))
 
 
+def _solution10(profile: Profile, t: StepTimes) -> Estimate:
+    return Estimate(
+        "-",
+        (
+            Part("the greedy check: the tiny model's speculative loop on the CPU-side weights", 5.0),
+            Part("4,000 draws of the rejection-sampling check", 5.0),
+        ),
+    )
+
+
 def _solution08(profile: Profile, t: StepTimes) -> Estimate:
     return Estimate("-", (Part("the allocator and prefix-chain checks: plain Python, no model", 2.0),))
 
@@ -423,6 +433,7 @@ ESTIMATES: dict[str, Callable[[Profile, StepTimes], Estimate]] = {
     "solutions/06_chunked_prefill.ipynb": _solution06,
     "solutions/07_serving.ipynb": _solution07,
     "solutions/08_paged_kv.ipynb": _solution08,
+    "solutions/10_speculative.ipynb": _solution10,
 }
 
 

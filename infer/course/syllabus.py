@@ -87,6 +87,6 @@ WEEKS = (
         "speculative",
         "Speculative decoding",
         "weights the course trains itself; guess and verify; prompt lookup and a draft model; where it stops paying",
-        None,  # its lab (the verification step and the KV rollback) is still to be written
+        "write the greedy verification step, rejection sampling and the rollback of a paged cache",
     ),
 )
