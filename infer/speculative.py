@@ -69,7 +69,7 @@ class DraftProposer:
         pending, position, guesses = tokens[self.cached :], self.cached, []
         for _ in range(k):
             last = torch.tensor([len(pending) - 1], device=device)
-            positions = torch.arange(position, position + len(pending))
+            positions = torch.arange(position, position + len(pending), device="cpu")  # planned on the host
             logits = self.draft(torch.tensor(pending, device=device), positions, self.cache, logits_rows=last)
             guesses.append(int(logits.argmax(dim=-1)))
             position += len(pending)
@@ -123,7 +123,7 @@ def speculative_greedy_generate(target, prompt: list[int], max_new_tokens: int, 
         room = max_new_tokens - (len(tokens) - len(prompt))
         guesses = proposer.propose(tokens, min(k, room - 1)) if k else []
         fed = tokens[cached:] + guesses  # what the cache lacks, then the guesses: one pass
-        positions = torch.arange(cached, cached + len(fed))
+        positions = torch.arange(cached, cached + len(fed), device="cpu")  # planned on the host
         rows = torch.arange(len(fed) - len(guesses) - 1, len(fed), device=device)
         choices = target(torch.tensor(fed, device=device), positions, cache, logits_rows=rows).argmax(dim=-1).tolist()
         kept = accept(guesses, choices)

@@ -64,6 +64,7 @@ LIBRARY_STAND_INS = {
         "cached_prefix": "infer.course.grading.exercises.week08:reference_cached_prefix",
         "make_room": "infer.course.grading.exercises.week08:reference_make_room",
     },
+    "09": {"paged_decode_attention": "infer.course.grading.exercises.week09:reference_paged_decode"},
     "10": {
         "accept_guesses_greedy": "infer.speculative:accept_greedy",
         "accept_guesses_sampled": "infer.speculative:accept_sampled",

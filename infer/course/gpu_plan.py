@@ -399,6 +399,16 @@ def _week10(profile: Profile, t: StepTimes) -> Estimate:
     return Estimate("-", (Part("reads the CPU results; loads the course's trained weights", 10.0),))
 
 
+def _solution09(profile: Profile, t: StepTimes) -> Estimate:
+    return Estimate(
+        "fixed in the notebook",
+        (
+            Part("the paged decode check: CPU tensors, and the engine on the CPU-side weights", 10.0),
+            Part("the timing: 2 engines x 70 decode steps of 32 sequences (a Python loop per block column)", 60.0),
+        ),
+    )
+
+
 def _solution10(profile: Profile, t: StepTimes) -> Estimate:
     return Estimate(
         "-",
@@ -433,6 +443,7 @@ ESTIMATES: dict[str, Callable[[Profile, StepTimes], Estimate]] = {
     "solutions/06_chunked_prefill.ipynb": _solution06,
     "solutions/07_serving.ipynb": _solution07,
     "solutions/08_paged_kv.ipynb": _solution08,
+    "solutions/09_kernels.ipynb": _solution09,
     "solutions/10_speculative.ipynb": _solution10,
 }
 

@@ -80,7 +80,7 @@ WEEKS = (
         "kernels",
         "Kernels, graphs and compilation",
         "this machine's roofline and a step's profile; launch overhead; torch.compile; a paged decode kernel",
-        None,  # its lab (one optimisation, checked token-exact and timed) is still to be written
+        "write decode attention over a paged cache, a block at a time; check it in the engine and time it",
     ),
     Week(
         "10",

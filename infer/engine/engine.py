@@ -81,7 +81,7 @@ class Engine:
         log_steps: bool = False,
         on_step_error: str = "raise",
         speculative: SpeculativeConfig | None = None,
-        decode_attention: str = "sdpa",
+        decode_attention="sdpa",
     ):
         """kv_store: "slots" (one slot of max_model_len per sequence, weeks 05-07), "paged" (week 08:
         `num_kv_blocks` blocks of `block_size` positions, by default as much memory as the slots
@@ -89,7 +89,8 @@ class Engine:
         or "fail_requests" (see the module's docstring). speculative: speculative decoding (week 10),
         or None; its proposer is `self.proposer`, which a proposer of your own may replace.
         decode_attention: "sdpa" (the decodes' blocks gathered, then PyTorch's attention) or
-        "in_place" (week 09's compiled CPU kernel, float32: the blocks read where they lie)."""
+        "in_place" (week 09's compiled CPU kernel, float32: the blocks read where they lie), or a
+        decode attention function of your own with that kernel's signature (lab 09)."""
         if on_step_error not in STEP_ERROR_MODES:
             raise ValueError(
                 f"unknown on_step_error {on_step_error!r}; valid: {', '.join(map(repr, STEP_ERROR_MODES))}"

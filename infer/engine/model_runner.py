@@ -63,9 +63,13 @@ def step_runs(work: list[Work]) -> list[SeqRun]:
 DECODE_ATTENTION = ("sdpa", "in_place")
 
 
-def decode_kernel(decode_attention: str, model):
-    """None for "sdpa" (gather the blocks, then PyTorch's attention), or, for "in_place", the
-    compiled CPU kernel that reads them where they lie (infer.cpu_kernels, week 09)."""
+def decode_kernel(decode_attention, model):
+    """None for "sdpa" (gather the blocks, then PyTorch's attention); for "in_place", the compiled
+    CPU kernel that reads them where they lie (infer.cpu_kernels, week 09); a function of your own
+    with that kernel's signature, `(q, k_cache, v_cache, block_tables, lengths, scale) -> out`
+    (lab 09), as it is."""
+    if callable(decode_attention):
+        return decode_attention
     if decode_attention not in DECODE_ATTENTION:
         raise ValueError(
             f"unknown decode_attention {decode_attention!r}; valid: {', '.join(map(repr, DECODE_ATTENTION))}"
@@ -79,7 +83,7 @@ def decode_kernel(decode_attention: str, model):
 
 
 class ModelRunner:
-    def __init__(self, model, kv_store: KVStore, sampler: Sampler, decode_attention: str = "sdpa"):
+    def __init__(self, model, kv_store: KVStore, sampler: Sampler, decode_attention="sdpa"):
         self.model, self.kv_store, self.sampler = model, kv_store, sampler
         self.device = model.embed.weight.device
         self.decode_kernel = decode_kernel(decode_attention, model)

@@ -117,7 +117,7 @@ class DraftModel:
             row += len(tokens)
         kv = PagedKV.for_runs(self.cache, runs, [[slot] for slot in slots])
         token_ids = torch.tensor([t for tokens in pending for t in tokens], device=device)
-        positions = torch.tensor([p for run in runs for p in range(run.start, run.end)])
+        positions = torch.tensor([p for run in runs for p in range(run.start, run.end)], device="cpu")
         last_rows = torch.tensor([run.row + run.n - 1 for run in runs], device=device)
         return self.draft(token_ids, positions, kv, logits_rows=last_rows).argmax(dim=-1).tolist()
 

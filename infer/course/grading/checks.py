@@ -498,10 +498,25 @@ class OpWatch(TorchDispatchMode):
         names = tuple(names)
         return next((op for op, _ in self.ops if any(name in op for name in names)), None)
 
-    def first_larger_than(self, elements: int) -> tuple[str, tuple[int, ...]] | None:
-        """The first (op, shape) whose output holds at least `elements` elements, or None."""
+    def first_larger_than(self, elements: int, *, ignore_views: bool = False) -> tuple[str, tuple[int, ...]] | None:
+        """The first (op, shape) whose output holds at least `elements` elements, or None. With
+        `ignore_views`, ops that only view their input (a slice, a transpose) are not counted: a
+        view of a large input (a KV cache) is not a tensor the code built."""
         for op, shapes in self.ops:
+            if ignore_views and is_view_op(op):
+                continue
             for shape in shapes:
                 if math.prod(shape) >= elements:
                     return op, shape
         return None
+
+
+def is_view_op(name: str) -> bool:
+    """Whether the aten op `name` ("aten::slice.Tensor", or "aten::alias" for its default overload)
+    returns a view of its input rather than new storage."""
+    namespace, _, qualified = name.partition("::")
+    op, _, overload = qualified.partition(".")
+    try:
+        return getattr(getattr(getattr(torch.ops, namespace), op), overload or "default").is_view
+    except AttributeError:
+        return False

@@ -23,6 +23,7 @@ from collections import Counter
 import torch
 
 from infer.course.grading.checks import Case, Verdict, case_rngs, grade_function, library_verdict
+from infer.profiles import PROFILES
 from infer.speculative import NgramProposer, accept_greedy, accept_sampled, speculative_greedy_generate
 
 GREEDY_QID, SAMPLED_QID, ROLLBACK_QID = "10.lab.accept_greedy", "10.lab.accept_sampled", "10.lab.rollback"
@@ -110,7 +111,7 @@ def _in_the_loop(accept_guesses_greedy) -> Verdict:
     from infer.model import Transformer
     from infer.models import load_model
 
-    target = Transformer.from_hf(load_model("tiny", weights="course", quiet=True).model)
+    target = Transformer.from_hf(load_model("tiny", profile=PROFILES["cpu"], weights="course", quiet=True).model)
     prompts = [
         list(b"def total(values):\n    total = 0\n    for value in values:\n        total"),
         list(b"import os\n"),
@@ -158,7 +159,7 @@ def grade_accept_sampled(accept_guesses_sampled, draws: int = DRAWS) -> Verdict:
     borrowed = library_verdict(qid, accept_guesses_sampled)
     if borrowed:
         return borrowed
-    probs = torch.tensor(SAMPLED_PROBS, dtype=torch.float64)
+    probs = torch.tensor(SAMPLED_PROBS, dtype=torch.float64, device="cpu")
     guesses = list(SAMPLED_GUESSES)
     base = case_rngs(qid)[-1].randrange(2**31)  # at grading, seeds no student saw
     first, second = Counter(), Counter()
