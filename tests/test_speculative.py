@@ -104,3 +104,14 @@ def test_a_roofline_predicts_speculation_free_when_memory_bound_and_k_plus_1_tim
     assert compute_bound[-1]["speedup"] == pytest.approx(3.0 / (K + 1), rel=0.1), (
         "a compute-bound verifying step does K + 1 times the arithmetic of a plain one"
     )
+
+
+def test_the_course_side_of_the_vllm_comparison_speculates_without_changing_a_token(tiny):
+    from infer.experiments.speculation_vs_vllm import course_run
+
+    model = Transformer.from_hf(tiny.model)
+    prompts = [[5, 6, 7, 5, 6, 7, 5, 6], [9, 10, 11, 12]]
+    plain, ngram = course_run(model, prompts, False), course_run(model, prompts, True)
+    assert ngram["tokens"] == plain["tokens"], "prompt lookup changed a greedy token"
+    assert plain["drafted"] == 0 and 0 <= ngram["accepted"] <= ngram["drafted"]
+    assert all(len(t) == 64 for t in plain["tokens"]) and plain["ms_per_token"] > 0
