@@ -271,7 +271,9 @@ if __name__ == "__main__":  # python tests/test_site.py DIR: the stand-ins, for 
 
 
 COMMITTED_NOTEBOOKS = sorted(
-    path.relative_to(REPO_ROOT) for folder in ("weeks", "labs", "solutions") for path in (REPO_ROOT / folder).glob("*.ipynb")
+    path.relative_to(REPO_ROOT)
+    for folder in ("weeks", "labs", "solutions")
+    for path in (REPO_ROOT / folder).glob("*.ipynb")
 )
 
 
