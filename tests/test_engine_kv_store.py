@@ -33,7 +33,7 @@ def test_no_slot_leaks_under_random_add_step_finish_abort(policy, seed):
             alive.append(seq)
         elif action < 0.85:
             work = scheduler.schedule()
-            sampled = [rng.randrange(0, 9) for item in work if item.samples]  # token 0 is EOS: some stop early
+            sampled = [[rng.randrange(0, 9)] for item in work if item.samples]  # token 0 is EOS: some stop early
             scheduler.update(work, sampled)
         elif alive:
             victim = rng.choice(alive)

@@ -63,7 +63,7 @@ def test_blocks_are_free_or_owned_and_counted_under_random_operations(policy, se
             if not scheduler.has_unfinished():
                 continue
             work = scheduler.schedule()
-            scheduler.update(work, [rng.randrange(0, 9) for item in work if item.samples])  # token 0 is EOS
+            scheduler.update(work, [[rng.randrange(0, 9)] for item in work if item.samples])  # token 0 is EOS
         elif alive:
             victim = rng.choice(alive)
             if victim.status is not Status.FINISHED:

@@ -76,3 +76,19 @@ def test_views_of_a_large_input_are_not_counted_as_built():
         cache.index_select(0, torch.tensor([1, 2]))
     assert watch.first_larger_than(1000, ignore_views=True) == ("aten::index_select", (2, 2, 16, 32))
     assert watch.first_larger_than(1000)[0] != "aten::index_select", "without ignore_views the slice counts first"
+
+
+def test_the_scale_given_is_the_scale_used():
+    def own_scale(q, k_cache, v_cache, block_tables, lengths, scale):
+        return block_by_block(q, k_cache, v_cache, block_tables, lengths, q.shape[-1] ** -0.5)
+
+    verdict = grade_paged_decode(own_scale)
+    assert not verdict.ok and "multiply them by the `scale` given" in verdict.line, verdict.line
+
+
+def test_part_a_names_a_unit_slip():
+    from infer.course.grading.checks import grade_answer
+
+    assert "(seconds?)" in grade_answer("09.q1", 2.138e-3).line
+    assert "(milliseconds?)" in grade_answer("09.q3", 2.9 / 312).line
+    assert "(microseconds?)" in grade_answer("09.q4", 311 * 5).line

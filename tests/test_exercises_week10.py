@@ -67,7 +67,7 @@ def test_a_greedy_rule_wrong_only_in_the_loop_is_caught_there():
 
 def test_sampling_mistakes_fail_by_their_distribution():
     from_p = grade_accept_sampled(lambda p, g, s: sampled(p, g, s, residual=False))
-    assert not from_p.ok and "drawn again" in from_p.line, from_p.line
+    assert not from_p.ok and "never by the guess itself" in from_p.line, from_p.line
     accept_all = grade_accept_sampled(lambda p, g, s: sampled(p, g, s, accept_all=True))
     assert not accept_all.ok and "not distributed as the target's row" in accept_all.line, accept_all.line
 
@@ -97,3 +97,37 @@ def test_the_rollback_reference_is_the_paged_stores():
     assert seq.block_table == kept == grown[:2] and freed == grown[2:], (
         f"the store kept {seq.block_table}; the check's reference keeps {kept} and frees {freed}"
     )
+
+
+def test_the_token_after_every_kept_guess_is_checked():
+    def no_bonus(probs, guesses, seed):
+        kept = sampled(probs, guesses, seed)
+        return kept[:-1] if kept[:-1] == list(guesses) else kept  # every guess kept: the last row's draw left out
+
+    verdict = grade_accept_sampled(no_bonus)
+    assert not verdict.ok and "the last token kept is a guess" in verdict.line, verdict.line
+
+    def bonus_from_the_first_row(probs, guesses, seed):
+        kept = sampled(probs, guesses, seed)
+        if kept[:-1] == list(guesses):
+            generator = torch.Generator().manual_seed(seed + 1)
+            kept[-1] = int(torch.multinomial(probs[0], 1, generator=generator))
+        return kept
+
+    verdict = grade_accept_sampled(bonus_from_the_first_row)
+    assert not verdict.ok and "the token after both guesses" in verdict.line, verdict.line
+
+
+def test_one_draw_from_the_first_row_alone_is_named():
+    def first_row_only(probs, guesses, seed):
+        return [int(torch.multinomial(probs[0], 1, generator=torch.Generator().manual_seed(seed)))]
+
+    verdict = grade_accept_sampled(first_row_only)
+    assert not verdict.ok and "the last token kept is a guess" in verdict.line, verdict.line
+
+
+def test_part_a_names_a_percent_given_for_a_fraction():
+    from infer.course.grading.checks import grade_answer
+
+    assert "(percent?)" in grade_answer("10.q2", 23.3).line
+    assert grade_answer("10.q2", 0.233).ok

@@ -319,10 +319,10 @@ class Scheduler:
         self.num_preemptions += 1
         self.waiting.appendleft(seq)
 
-    def update(self, work: list[Work], sampled: list[list[int]] | list[int]) -> list[RequestOutput]:
+    def update(self, work: list[Work], sampled: list[list[int]]) -> list[RequestOutput]:
         """Account for a finished step: `sampled` holds, for each item that samples (in order), the
         tokens it adds: its sampled token, or under speculative decoding the guesses verification kept
-        and the target's own token after them. (A plain int is one token, as week 05's step gives.)"""
+        and the target's own token after them."""
         per_item = iter(sampled)
         outputs = []
         for item in work:
@@ -332,7 +332,6 @@ class Scheduler:
             if not item.samples:
                 continue  # a prefill chunk with more of its prompt to come (week 06)
             tokens = next(per_item)
-            tokens = [tokens] if isinstance(tokens, int) else tokens
             num_accepted = len(tokens) - 1
             seq.num_computed_tokens -= len(guesses) - num_accepted  # the rejected guesses' K/V are not its own
             new_tokens, reason = [], None

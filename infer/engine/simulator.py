@@ -53,8 +53,8 @@ class CostModelRunner:
         self.clock.advance(step_ms / 1e3)
         self.num_forwards += 1
 
-    def sample(self, work: list[Work], logits: None) -> list[int]:
-        return [PLACEHOLDER_TOKEN] * sum(item.samples for item in work)
+    def sample(self, work: list[Work], logits: None) -> list[list[int]]:
+        return [[PLACEHOLDER_TOKEN] for item in work if item.samples]
 
 
 class SimulatedEngine(Engine):

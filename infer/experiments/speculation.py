@@ -33,6 +33,14 @@ PROMPTS, PROMPT_BYTES, NEW_TOKENS = 12, 192, 64
 SETTINGS = (("none", 0), ("ngram", 3), ("ngram", 5), ("draft", 3), ("draft", 5))
 
 
+def course_models(profile) -> tuple[Transformer, Transformer]:
+    """The course's trained tiny model and its one-layer draft (infer.experiments.course_weights)."""
+    return tuple(
+        Transformer.from_hf(load_model(name, profile=profile, weights="course", quiet=True).model)
+        for name in ("tiny", "tiny-draft")
+    )
+
+
 def held_out_prompts(count: int, length: int, seed: int = 0) -> list[list[int]]:
     """`count` windows of held-out Python, each starting at a line's beginning."""
     text = stdlib_corpus().held_out
@@ -73,8 +81,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     args = parser.parse_args(argv)
     profile = pick_profile()
     with cpu_threads(THREADS if profile.device == "cpu" else None):
-        target = Transformer.from_hf(load_model("tiny", profile=profile, weights="course", quiet=True).model)
-        draft = Transformer.from_hf(load_model("tiny-draft", profile=profile, weights="course", quiet=True).model)
+        target, draft = course_models(profile)
         prompts = held_out_prompts(PROMPTS, PROMPT_BYTES)
         reference, acceptance, seconds = None, {}, {setting: [] for setting in SETTINGS}
         for _ in tqdm(range(args.rounds), desc="rounds"):

@@ -42,11 +42,10 @@ from infer.engine.sequence import SamplingParams
 from infer.engine.speculation import SpeculativeConfig
 from infer.experiments.chunked_prefill_run import GPU_ROOFLINE
 from infer.experiments.rounds import spread
-from infer.experiments.speculation import held_out_prompts
+from infer.experiments.speculation import course_models, held_out_prompts
 from infer.experiments.step_roofline import decode_step_cost, floor_ms
 from infer.metrics import save_results
-from infer.model import Transformer
-from infer.models import MODEL_SPECS, load_model
+from infer.models import MODEL_SPECS
 from infer.plotting import save_figure
 from infer.profiles import PROFILES, pick_profile
 from infer.provenance import provenance
@@ -216,8 +215,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     args = parser.parse_args(argv)
     profile = pick_profile()
     with cpu_threads(THREADS if profile.device == "cpu" else None):
-        target = Transformer.from_hf(load_model("tiny", profile=profile, weights="course", quiet=True).model)
-        draft = Transformer.from_hf(load_model("tiny-draft", profile=profile, weights="course", quiet=True).model)
+        target, draft = course_models(profile)
         python = held_out_prompts(max(BATCHES), PROMPT_BYTES)
         prompts = {"python": python, "shuffled": shuffled(python)}
         configs = [(b, kind, m) for b in BATCHES for kind in PROMPT_KINDS for m in METHODS]

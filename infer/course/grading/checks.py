@@ -49,6 +49,8 @@ from infer.course.grading.wire import Remote
 # How to turn an answer given in another unit into the key's unit; a match means a unit slip.
 UNIT_SLIPS = {
     "ms": [("seconds", 1e3), ("microseconds", 1e-3)],
+    "microseconds": [("milliseconds", 1e3), ("seconds", 1e6)],
+    "fraction": [("percent", 1e-2)],
     "s": [("milliseconds", 1e-3)],
     "GB": [("bytes", 1e-9), ("MB", 1e-3), ("GiB", 2**30 / 1e9)],
     "bytes": [("GB", 1e9), ("MB", 1e6), ("KB", 1e3), ("bits", 1 / 8)],

@@ -383,7 +383,7 @@ def _drive(student_step, model, cases, engine_name: str, settings: dict) -> Verd
                     else ""
                 ),
             )
-        for out in engine.scheduler.update(work, [int(t) for t in tokens]):
+        for out in engine.scheduler.update(work, [[int(t)] for t in tokens]):
             got.setdefault(out.request_id, []).extend(out.new_token_ids)
     for index, (prompt, _, _) in enumerate(cases):
         problem = same_tokens(got.get(str(index), []), expected[str(index)])

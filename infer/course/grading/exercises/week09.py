@@ -43,8 +43,11 @@ def reference_paged_decode(q, k_cache, v_cache, block_tables, lengths, scale):
 HIDDEN_AT_GRADING = (in_place_decode_attention, gather_blocks, reference_paged_decode)
 
 
-def paged_case(rng, batch: int, heads: int, kv_heads: int, lengths: list[int], block_size: int = 16, d: int = 32):
-    """(q, k_cache, v_cache, block_tables, lengths, scale): each sequence's blocks scattered at random."""
+def paged_case(
+    rng, batch: int, heads: int, kv_heads: int, lengths: list[int], block_size: int = 16, d: int = 32, scale=None
+):
+    """(q, k_cache, v_cache, block_tables, lengths, scale): each sequence's blocks scattered at random;
+    `scale` 1/sqrt(d) unless given."""
     generator = torch.Generator().manual_seed(rng.randrange(2**31))
     tables = [-(-n // block_size) for n in lengths]
     num_blocks = sum(tables) + 4
@@ -56,7 +59,7 @@ def paged_case(rng, batch: int, heads: int, kv_heads: int, lengths: list[int], b
     k_cache = torch.randn(num_blocks, kv_heads, block_size, d, generator=generator, device="cpu")
     v_cache = torch.randn(num_blocks, kv_heads, block_size, d, generator=generator, device="cpu")
     q = torch.randn(batch, heads, d, generator=generator, device="cpu")
-    return q, k_cache, v_cache, block_tables, torch.tensor(lengths, device="cpu"), d**-0.5
+    return q, k_cache, v_cache, block_tables, torch.tensor(lengths, device="cpu"), scale or d**-0.5
 
 
 def _cases(rng) -> list[tuple[str, tuple]]:
@@ -64,6 +67,7 @@ def _cases(rng) -> list[tuple[str, tuple]]:
         ("one sequence of one token", paged_case(rng, 1, 8, 2, [1])),
         ("lengths either side of a block boundary (15, 16, 17, 33)", paged_case(rng, 4, 8, 2, [15, 16, 17, 33])),
         ("one query head a KV head", paged_case(rng, 3, 4, 4, [40, 5, 64])),
+        ("a scale of 0.3 (not 1/sqrt(head_dim))", paged_case(rng, 2, 8, 2, [20, 50], scale=0.3)),
     ]
     for _ in range(3):
         batch = rng.randint(1, 6)
@@ -100,6 +104,8 @@ def grade_paged_decode(paged_decode_attention) -> Verdict:
                     return Verdict(qid, False, "not implemented yet")
                 return Verdict(qid, False, f"on {description}, raised {type(exc).__name__}: {exc}")
             problem = _compare(got, reference_paged_decode(*args))
+            if problem and _compare(got, reference_paged_decode(*args[:-1], args[0].shape[-1] ** -0.5)) is None:
+                problem = "the scores were scaled by 1/sqrt(head_dim): multiply them by the `scale` given"
             if problem:
                 return Verdict(qid, False, f"on {description}, {problem}")
     watched = _watched_call(paged_decode_attention, case_rngs(qid)[0])

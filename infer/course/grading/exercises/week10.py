@@ -7,10 +7,11 @@
   Always accepting, or stopping before the target's own token, fails both.
 - `check_accept_sampled(accept_guesses_sampled)`: rejection sampling, judged by its distribution.
   Thousands of draws (each with its own seed) on a fixed case: the first kept token must be
-  distributed as the target's first row, and, when it is the first guess, the second as the
-  target's second row. A chi-square statistic against the exact distribution, with a bound a right
-  answer exceeds once in about 10,000 runs; always accepting, or drawing from p instead of the
-  residual after a rejection, lands far above it.
+  distributed as the target's first row; when it is the first guess, the second as the target's
+  second row; and when both guesses are kept, the token after them as the last row. Each by a
+  chi-square statistic against the exact distribution, with a bound a right answer exceeds once in
+  about 10,000 runs; always accepting lands far above it. A last token that is a guess (one kept
+  with nothing after it, or a rejected one drawn again) is named at once.
 - `check_rollback(blocks_after_rollback)`: the blocks a sequence keeps once rejected guesses are
   rolled back to `num_tokens` computed tokens, and those it gives back.
 
@@ -162,7 +163,7 @@ def grade_accept_sampled(accept_guesses_sampled, draws: int = DRAWS) -> Verdict:
     probs = torch.tensor(SAMPLED_PROBS, dtype=torch.float64, device="cpu")
     guesses = list(SAMPLED_GUESSES)
     base = case_rngs(qid)[-1].randrange(2**31)  # at grading, seeds no student saw
-    first, second = Counter(), Counter()
+    first, second, bonus = Counter(), Counter(), Counter()
     for draw in range(draws):
         try:
             kept = accept_guesses_sampled(probs.clone(), list(guesses), base + draw)
@@ -173,19 +174,15 @@ def grade_accept_sampled(accept_guesses_sampled, draws: int = DRAWS) -> Verdict:
         problem = _sampled_shape_problem(kept, guesses)
         if problem:
             return Verdict(qid, False, problem)
-        if kept == [guesses[0]]:
-            return Verdict(
-                qid,
-                False,
-                f"kept {kept}: guess {guesses[0]} was rejected, then drawn again. After a rejection, draw from p "
-                "with the rejected guess taken out (max(0, p - q) for a proposer that guessed it for sure)",
-            )
         first[kept[0]] += 1
         if kept[0] == guesses[0]:
             second[kept[1]] += 1
+        if kept[:2] == guesses:
+            bonus[kept[2]] += 1
     tests = (
         ("the first token kept", first, SAMPLED_PROBS[0]),
         ("the second token kept, when the first is the first guess", second, SAMPLED_PROBS[1]),
+        ("the token after both guesses, when both are kept", bonus, SAMPLED_PROBS[2]),
     )
     for what, counts, p in tests:
         statistic, bound = _chi_square(counts, p), CHI2_BOUND[len(p) - 1]
@@ -201,8 +198,8 @@ def grade_accept_sampled(accept_guesses_sampled, draws: int = DRAWS) -> Verdict:
     return Verdict(
         qid,
         True,
-        f"over {draws} seeded draws, the first and second tokens kept are distributed as the target's rows "
-        f"(chi-square within the bound)",
+        f"over {draws} seeded draws, the first and second tokens kept, and the one after both guesses, are "
+        f"distributed as the target's rows (chi-square within the bound)",
     )
 
 
@@ -214,6 +211,12 @@ def _sampled_shape_problem(kept, guesses: list[int]) -> str | None:
     accepted = len(kept) - 1
     if list(kept[:accepted]) != guesses[:accepted]:
         return f"kept {list(kept)} with guesses {guesses}: every token before the last must be an accepted guess"
+    if len(kept) <= len(guesses) and kept[-1] == guesses[len(kept) - 1]:
+        return (
+            f"kept {list(kept)} with guesses {guesses}: the last token kept is a guess. A kept guess is followed by "
+            "the next guess or, after the last one, a token drawn from the last row; a rejected guess is replaced "
+            "by a draw from p with that guess taken out, never by the guess itself"
+        )
     return None
 
 
