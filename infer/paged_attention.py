@@ -74,6 +74,42 @@ class PrefillRun:
     block_table: torch.Tensor  # [blocks covering 0..end-1], on the device
 
 
+@dataclass(frozen=True)
+class PrefillBatch:
+    """Every prefill chunk of a step, laid out for one varlen attention call: chunk i's queries
+    are rows query_starts[i]..query_starts[i+1]-1 of `rows`, and it sees keys 0..key_lengths[i]-1
+    through block_tables[i] (int32, as flash-attn takes them)."""
+
+    num_chunks: int
+    rows: torch.Tensor  # [T] the chunks' rows in the flat batch, chunk after chunk
+    query_starts: torch.Tensor  # [P + 1] int32: cumulative query counts, from 0
+    key_lengths: torch.Tensor  # [P] int32: each chunk's end position
+    key_starts: torch.Tensor  # [P + 1] int32: cumulative key counts, from 0 (built once a step, not per layer)
+    block_tables: torch.Tensor  # [P, widest] int32
+    max_query: int
+    max_key: int
+
+    @classmethod
+    def of(cls, runs: list[SeqRun], block_tables: list[list[int]], block_size: int, on_device) -> "PrefillBatch":
+        chunks = [(run, table) for run, table in zip(runs, block_tables) if run.n > 1]
+        widest = max((-(-run.end // block_size) for run, _ in chunks), default=0)
+        starts, key_starts = [0], [0]
+        for run, _ in chunks:
+            starts.append(starts[-1] + run.n)
+            key_starts.append(key_starts[-1] + run.end)
+        tables = [table[:widest] + [0] * (widest - len(table[:widest])) for _, table in chunks]
+        return cls(
+            len(chunks),
+            on_device([row for run, _ in chunks for row in range(run.row, run.row + run.n)]),
+            on_device(starts).int(),
+            on_device([run.end for run, _ in chunks]).int(),
+            on_device(key_starts).int(),
+            on_device(tables).reshape(len(chunks), widest).int(),
+            max((run.n for run, _ in chunks), default=0),
+            max((run.end for run, _ in chunks), default=0),
+        )
+
+
 class PagedKV:
     """One step's view of a block KV cache: what attention reads and writes, in every layer."""
 
@@ -89,11 +125,15 @@ class PagedKV:
         first_decode_block: int | None = None,
         longest_decode: int | None = None,
         decode_kernel=None,
+        prefill_kernel=None,
+        prefill_batch: "PrefillBatch | None" = None,
     ):
         """`longest_decode`: the longest decode's length, as the host knows it (for_runs passes it);
         when None it is read from `decode_lengths`, which waits for the device when they live on one.
-        `decode_kernel`: a kernel that reads the blocks in place (infer.cpu_kernels), or None for
-        the gather and PyTorch's attention."""
+        `decode_kernel`: a kernel that reads the blocks in place (infer.cpu_kernels,
+        infer.paged_decode_triton, infer.flash_attn_paged), or None for the gather and PyTorch's
+        attention. `prefill_kernel`: one that takes every prefill chunk of the step in one call,
+        laid out as `prefill_batch` (infer.flash_attn_paged), or None for a call per chunk."""
         self.cache = cache
         self.block_ids, self.offsets = block_ids, offsets  # [N]: where each new token's K/V go
         self.decode_rows, self.decode_tables, self.decode_lengths = decode_rows, decode_tables, decode_lengths
@@ -102,11 +142,16 @@ class PagedKV:
             longest_decode = int(decode_lengths.max()) if len(decode_lengths) else 0
         self.longest_decode = longest_decode
         self.prefills = prefills
-        self.decode_kernel = decode_kernel
+        self.decode_kernel, self.prefill_kernel, self.prefill_batch = decode_kernel, prefill_kernel, prefill_batch
 
     @classmethod
     def for_runs(
-        cls, cache: KVCache, runs: list[SeqRun], block_tables: list[list[int]], decode_kernel=None
+        cls,
+        cache: KVCache,
+        runs: list[SeqRun],
+        block_tables: list[list[int]],
+        decode_kernel=None,
+        prefill_kernel=None,
     ) -> "PagedKV":
         """`runs` in flat-batch order, each with its sequence's block table (same order)."""
         block_size, device = cache.max_len, cache.k[0].device if cache.k else "cpu"
@@ -150,6 +195,8 @@ class PagedKV:
             first_decode_block,
             longest_decode=max((run.end for run, _ in decodes), default=0),  # from the host: no device read
             decode_kernel=decode_kernel,
+            prefill_kernel=prefill_kernel,
+            prefill_batch=PrefillBatch.of(runs, block_tables, block_size, on_device) if prefill_kernel else None,
         )
 
     @classmethod
@@ -167,7 +214,14 @@ class PagedKV:
         out = torch.empty_like(q)
         if len(self.decode_rows):
             out[self.decode_rows] = self._decode_attention(layer, q[self.decode_rows])
-        for run in self.prefills:
+        if self.prefill_batch is not None and self.prefill_batch.num_chunks:
+            batch, scale = self.prefill_batch, q.shape[-1] ** -0.5
+            out[batch.rows] = self.prefill_kernel(
+                q[batch.rows], keys, values, batch.block_tables, batch.query_starts, batch.key_lengths,
+                batch.max_query, batch.max_key, scale, key_starts=batch.key_starts,
+            )  # fmt: skip
+            return out
+        for run in self.prefills:  # a chunk's queries differ in length: a gather and a call each
             k_run = gather_blocks(keys, run.block_table[None], run.end)[0]
             v_run = gather_blocks(values, run.block_table[None], run.end)[0]
             out[run.rows] = causal_attention(q[run.rows], k_run, v_run, run.start)

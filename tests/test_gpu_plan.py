@@ -2,6 +2,7 @@
 keeps, what it skips and why, and a run that goes on past a failing notebook and always leaves
 its summary (issue 22, items 1 and 2)."""
 
+import json
 import re
 import subprocess
 import sys
@@ -149,17 +150,18 @@ def test_every_phase_has_a_limit_derived_from_the_plan():
 
 
 def test_a_phase_past_its_limit_is_stopped_and_the_summary_says_so(tmp_path, monkeypatch):
-    """A GPU-only test that hangs, a step-time measurement that hangs and a notebook whose cells
-    each fit their limit but together overrun: each phase stops at its limit, and summary.txt comes
-    back in seconds, naming each stop (review F4)."""
+    """A GPU-only test that hangs, a step-time measurement that hangs, a fast-path measurement that
+    hangs and a notebook whose cells each fit their limit but together overrun: each phase stops at
+    its limit, and summary.txt comes back in seconds, naming each stop (review F4)."""
     _stand_in_machine(monkeypatch)
     hang = [sys.executable, "-c", "import time; time.sleep(60)"]
     monkeypatch.setattr(gpu_check, "gpu_tests_command", lambda report, per_test_s: hang)
     monkeypatch.setattr(gpu_check, "step_times_command", lambda path: hang)
+    monkeypatch.setattr(gpu_check, "fast_paths_command", lambda results: hang)
     monkeypatch.setattr(
         gpu_check,
         "phase_limits",
-        lambda times: PhaseLimits(tests_s=2, per_test_s=2, step_times_s=2, notebooks_until_s=14),
+        lambda times: PhaseLimits(tests_s=2, per_test_s=2, step_times_s=2, fast_paths_s=2, notebooks_until_s=16),
     )
     quick = Estimate("-", (Part("estimated quick", 1.0),))
     monkeypatch.setattr(
@@ -175,5 +177,43 @@ def test_a_phase_past_its_limit_is_stopped_and_the_summary_says_so(tmp_path, mon
     assert took < 40, f"the phases were not stopped at their limits: {took:.0f} s"
     assert re.search(r"^GPU-only tests: stopped after 2 s, its time limit", summary, re.MULTILINE), summary
     assert "step times not measured (RuntimeError: stopped after 2 s, its time limit" in summary, summary
+    assert re.search(r"^fast paths: stopped after 2 s, its time limit", summary, re.MULTILINE), summary
     assert re.search(r"^FAILED +01_slow.ipynb .*stopped at the notebooks' time limit", summary, re.MULTILINE), summary
     assert re.search(r"^skipped .*02_later.ipynb: .*0 s of the budget left", summary, re.MULTILINE), summary
+
+
+def test_the_fast_paths_go_into_the_summary_and_changed_tokens_fail(tmp_path, monkeypatch):
+    """gpu-check's fast-path phase: its lines reach the report, a kernel that could not run is a
+    skip with its reason, and replayed decode steps that changed a token are a failure."""
+    speed = {"median": 2.0, "min": 1.9, "max": 2.1, "per_round": [2.0]}
+    result = {
+        "kernels": ["sdpa", "triton"],
+        "unavailable": {"flash-attn": "flash-attn is not installed"},
+        "cases": [
+            {
+                "batch": 1,
+                "step_ms": {
+                    f"{k} {m}": {**speed, "median": t}
+                    for k in ("sdpa", "triton")
+                    for m, t in (("eager", 20.0), ("graphs", 10.0))
+                },  # fmt: skip
+                "graph_speedup": {"sdpa": speed, "triton": speed},
+                "graphs_same_tokens_as_eager": {"sdpa": True, "triton": False},
+                "hbm_roofline_share": {"sdpa graphs": 0.4, "triton graphs": 0.6},
+            }
+        ],
+    }
+    path = tmp_path / "results" / f"09_gpu_fast_paths_{gpu_check.CHECK_PROFILE}.json"
+    write = (
+        f"import json, pathlib; p = pathlib.Path({str(path)!r}); p.parent.mkdir(); p.write_text({json.dumps(result)!r})"
+    )
+    monkeypatch.setattr(gpu_check, "fast_paths_command", lambda results: [sys.executable, "-c", write])
+    report = gpu_check.Report()
+    gpu_check.run_fast_paths(tmp_path, report, limit_s=60)
+    assert report.lines[0].startswith("fast paths: kernels sdpa, triton (")
+    assert report.lines[-1] == (
+        "  batch 1: sdpa 20.00 -> 10.00 ms (2.00x, same tokens, 40% of HBM roofline); "
+        "triton 20.00 -> 10.00 ms (2.00x, TOKENS DIFFER, 60% of HBM roofline)"
+    )
+    assert report.failures == ["fast paths, batch 1: triton's replayed decode steps changed a greedy token"]
+    assert report.skips == ["fast paths: flash-attn: flash-attn is not installed"]

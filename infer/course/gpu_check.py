@@ -7,6 +7,9 @@
    flash-attn, the CUDA allocator, lab 01's check of synchronized timestamps, vLLM's CUDA build;
    and the Triton kernel on CUDA), with a JUnit report.
 3. This GPU's step times, measured in seconds, and the plan made again with them.
+   Then the decode fast paths (infer.experiments.decode_fast_paths): eager steps against CUDA
+   graphs at batch 1, 8 and 32 for each attention kernel installed, with their tokens compared
+   and their share of the HBM roofline; results/09_gpu_fast_paths_gpu-check.json.
 4. The notebooks on the `gpu-check` profile (the gpu profile's model at smaller sizes), in course
    order, each while its estimate fits what is left of the budget, each cell within a time limit.
    Every notebook loads random weights unless --weights says otherwise: no download surprises the
@@ -54,7 +57,16 @@ from infer.course.profile_run import REPO_ROOT, course_notebooks, run_notebook, 
 from infer.profiles import PROFILES, Profile
 from infer.provenance import git_commit, nvidia_driver_version, versions, vllm_version
 
-GPU_TESTS = ["tests/test_gpu_only.py", "tests/test_attention.py::test_triton_kernel_on_cuda"]
+GPU_TESTS = [
+    "tests/test_gpu_only.py",
+    "tests/test_attention.py::test_triton_kernel_on_cuda",
+    # the fast paths: the paged Triton kernel in bf16 and inside a graph, flash-attn's paged kernels,
+    # and the engine's tokens with graphs and each kernel against its eager steps
+    "tests/test_paged_decode_triton.py::test_the_kernel_on_cuda[torch.bfloat16]",
+    "tests/test_paged_decode_triton.py::test_the_kernel_replays_in_a_cuda_graph_with_new_lengths_and_tables",
+    "tests/test_flash_attn_paged.py",
+    "tests/test_cuda_graphs.py::test_cuda_graphs_give_the_eager_engines_tokens",
+]
 MIN_CELL_LIMIT_S = 60  # a notebook's cells get twice its estimate, never less than this, never past the budget
 
 
@@ -239,15 +251,18 @@ def run_check(out: Path, notebooks: list[str], weights: str) -> int:
             f"{limits.tests_s:.0f} s allowed; tests.log)"
         )
         times = step_times_here(out, report, limits.step_times_s)
-        setup_s = time.perf_counter() - started
+        step_times_s = time.perf_counter() - started - tests_s
+        run_fast_paths(out, report, limits.fast_paths_s)
         times = replace(
             times,
             tests_s=tests_s,
-            step_times_s=setup_s - tests_s,
+            step_times_s=step_times_s,
+            fast_paths_s=time.perf_counter() - started - tests_s - step_times_s,
             sources={
                 **times.sources,
                 "tests_s": "measured: the GPU-only tests above",
                 "step_times_s": "measured: the step times above",
+                "fast_paths_s": "measured: the fast paths above",
             },
         )
         plans = plan(notebooks, times)
@@ -287,6 +302,39 @@ def step_times_here(out: Path, report: Report, limit_s: float) -> StepTimes:
     except Exception as exc:  # noqa: BLE001 - the notebooks can still run on the assumed step times
         report.add(f"step times not measured ({error_line(exc)}): the plan keeps its assumptions")
         return ASSUMED_H100
+
+
+def fast_paths_command(results: Path) -> list[str]:
+    experiment = "infer.experiments.decode_fast_paths"
+    return [sys.executable, "-m", experiment, "--profile", CHECK_PROFILE, "--out", str(results)]
+
+
+def run_fast_paths(out: Path, report: Report, limit_s: float) -> None:
+    """The decode fast paths side by side (eager against CUDA graphs, for each attention kernel
+    installed), within `limit_s` seconds: its lines go into the summary; replayed tokens that
+    differ from eager ones, or a run that fails or overruns, are failures."""
+    started = time.perf_counter()
+    stopped = run_phase(fast_paths_command(out / "results"), limit_s, out / "fast_paths.log")
+    path = out / "results" / f"09_gpu_fast_paths_{CHECK_PROFILE}.json"
+    if stopped or not path.exists():
+        failure = f"fast paths: {stopped or 'wrote no results; see fast_paths.log'}"
+        report.add(failure)
+        report.failures.append(failure)
+        return
+    from infer.experiments.decode_fast_paths import summary_lines
+
+    result = json.loads(path.read_text())
+    lines = summary_lines(result)
+    lines[0] += f" ({time.perf_counter() - started:.0f} s of {limit_s:.0f} s allowed; {path.name})"
+    for line in lines:
+        report.add(line)
+    report.skips += [f"fast paths: {kernel}: {why}" for kernel, why in result["unavailable"].items()]
+    report.failures += [
+        f"fast paths, batch {case['batch']}: {kernel}'s replayed decode steps changed a greedy token"
+        for case in result["cases"]
+        for kernel, same in case["graphs_same_tokens_as_eager"].items()
+        if not same
+    ]
 
 
 def run_planned(plans: list[NotebookPlan], out: Path, weights: str, deadline: float, report: Report) -> None:

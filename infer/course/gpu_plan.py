@@ -46,13 +46,14 @@ class StepTimes:
     notebook_start_s: float  # kernel start, imports, CUDA context, loading the model
     tests_s: float  # before the notebooks: the GPU-only tests
     step_times_s: float  # then measuring these step times
+    fast_paths_s: float  # then the decode fast paths side by side (infer.experiments.decode_fast_paths)
     vllm_start_s: float  # vLLM's server or benchmark client, from launch to ready
     sources: dict[str, str] = field(default_factory=dict)  # field name -> where the number comes from
 
     @property
     def setup_s(self) -> float:
-        """Everything before the notebooks: the GPU-only tests, then the step times."""
-        return self.tests_s + self.step_times_s
+        """Everything before the notebooks: the GPU-only tests, the step times, the fast paths."""
+        return self.tests_s + self.step_times_s + self.fast_paths_s
 
     def forward_ms(self, tokens: int, step_ms: float) -> float:
         """A forward pass over `tokens` tokens: launch-bound (a step) when short, compute-bound when long."""
@@ -60,7 +61,9 @@ class StepTimes:
 
 
 TRITON_COMPILE_S = 3.0  # estimate: one compile of the Triton kernel for a dtype, mask and head size
-GPU_TEST_COMPILES = 18  # tests/test_attention.py's CUDA test: 3 dtypes x 2 masks x 3 head sizes
+# tests/test_attention.py's CUDA test: 3 dtypes x 2 masks x 3 head sizes; then the paged decode
+# kernel's (infer.paged_decode_triton): 5 shapes in bf16, one captured in a graph, 2 in the engine
+GPU_TEST_COMPILES = 18 + 8
 
 ASSUMED_H100 = StepTimes(
     hf_decode_ms=20.0,
@@ -69,6 +72,7 @@ ASSUMED_H100 = StepTimes(
     notebook_start_s=15.0,
     tests_s=45.0 + GPU_TEST_COMPILES * TRITON_COMPILE_S,
     step_times_s=20.0,
+    fast_paths_s=60.0,
     vllm_start_s=90.0,
     sources={
         "hf_decode_ms": "estimate: 28 layers of eager kernels, launch-bound; issue 22 puts a step at 15-25 ms",
@@ -79,9 +83,12 @@ ASSUMED_H100 = StepTimes(
         "notebook_start_s": "estimate: kernel, imports and CUDA context ~8 s, the random-weight model ~5 s; "
         "issue 22 puts 15 notebooks' start-up at 2.5-5 minutes",
         "tests_s": f"estimate: pytest's start-up, one model load and two float32 copies, vLLM's import (~45 s), "
-        f"and {GPU_TEST_COMPILES} Triton compiles (3 dtypes x 2 masks x 3 head sizes, {TRITON_COMPILE_S:.0f} s each)",
+        f"and {GPU_TEST_COMPILES} Triton compiles (week 04's kernel: 3 dtypes x 2 masks x 3 head sizes; the paged "
+        f"decode kernel: 8), {TRITON_COMPILE_S:.0f} s each",
         "step_times_s": "estimate: a fresh interpreter, imports and one model load (~10 s), then the measured "
         "steps (~10 s)",
+        "fast_paths_s": "estimate: one model load and a bandwidth probe (~15 s); at batch 1, 8 and 32, up to 3 "
+        "kernels x eager and graphs, each 70 steps at ~30 ms (~40 s in all) and its graphs' capture",
         "vllm_start_s": "estimate: vLLM's start-up (weights, torch.compile, CUDA graphs) takes 1-2 minutes",
     },
 )
@@ -463,6 +470,7 @@ class PhaseLimits:
     tests_s: float  # the GPU-only tests, all together
     per_test_s: float  # one of them
     step_times_s: float  # measuring the step times
+    fast_paths_s: float  # the decode fast paths side by side
     notebooks_until_s: float  # the notebooks: until this long after the check started
 
 
@@ -474,6 +482,7 @@ def phase_limits(times: StepTimes = ASSUMED_H100, budget_s: float = BUDGET_S) ->
         tests_s=tests,
         per_test_s=min(PER_TEST_S, tests),
         step_times_s=max(PHASE_MIN_S, 2 * times.step_times_s),
+        fast_paths_s=max(PHASE_MIN_S, 2 * times.fast_paths_s),
         notebooks_until_s=budget_s - SUMMARY_RESERVE_S,
     )
 
@@ -553,6 +562,7 @@ def format_plan(plans: list[NotebookPlan], times: StepTimes, budget_s: float = B
         "notebook_start_s",
         "tests_s",
         "step_times_s",
+        "fast_paths_s",
         "vllm_start_s",
     ):
         lines.append(f"  {name:<18} {getattr(times, name):>6.1f}  {times.sources.get(name, '')}")
@@ -561,9 +571,10 @@ def format_plan(plans: list[NotebookPlan], times: StepTimes, budget_s: float = B
         "",
         f"Time limits (a phase past its limit is stopped and the summary says so): the GPU-only tests "
         f"{limits.tests_s:.0f} s ({limits.per_test_s:.0f} s a test), the step times {limits.step_times_s:.0f} s, "
+        f"the fast paths {limits.fast_paths_s:.0f} s, "
         f"the notebooks until {limits.notebooks_until_s:.0f} s from the start",
         "",
-        f"{'setup':<46} {times.setup_s:>5.0f} s  the GPU-only tests, then measuring the step times",
+        f"{'setup':<46} {times.setup_s:>5.0f} s  the GPU-only tests, measuring the step times, the fast paths",
     ]
     for p in plans:
         student = f"; at {STUDENT_PROFILE} sizes ~{p.student_estimate.seconds:.0f} s" if p.student_estimate else ""

@@ -31,6 +31,7 @@ import torch
 from tqdm.auto import tqdm
 
 from infer.engine.clock import WallClock
+from infer.engine.cuda_graphs import graph_plan
 from infer.engine.kv_store import KVStore, SlotKVStore
 from infer.engine.model_runner import ModelRunner
 from infer.engine.paged_kv_store import PagedKVStore, blocks_like_slots
@@ -81,28 +82,35 @@ class Engine:
         log_steps: bool = False,
         on_step_error: str = "raise",
         speculative: SpeculativeConfig | None = None,
-        decode_attention="sdpa",
+        decode_attention="auto",
+        cuda_graphs: bool | type = False,
     ):
         """kv_store: "slots" (one slot of max_model_len per sequence, weeks 05-07), "paged" (week 08:
         `num_kv_blocks` blocks of `block_size` positions, by default as much memory as the slots
         would take; optionally with prefix caching), or a store of your own. on_step_error: "raise"
         or "fail_requests" (see the module's docstring). speculative: speculative decoding (week 10),
         or None; its proposer is `self.proposer`, which a proposer of your own may replace.
-        decode_attention: "sdpa" (the decodes' blocks gathered, then PyTorch's attention) or
-        "in_place" (week 09's compiled CPU kernel, float32: the blocks read where they lie), or a
-        decode attention function of your own with that kernel's signature (lab 09)."""
+        decode_attention: "auto" (the fastest kernels this machine has), "sdpa" (the decodes' blocks
+        gathered, then PyTorch's attention), "in_place" (week 09's compiled CPU kernel, float32),
+        "triton" or "flash-attn" (GPU kernels that read the blocks where they lie; see
+        infer.engine.attention_backends), or a decode attention function of your own with the
+        kernels' signature (lab 09). cuda_graphs: replay decode steps from CUDA graphs captured now
+        (infer.engine.cuda_graphs; a CUDA device), or a graph class of your own (EagerReplay tests
+        the replay logic on a CPU). `self.startup_line` names the kernels and graphs in use."""
         if on_step_error not in STEP_ERROR_MODES:
             raise ValueError(
                 f"unknown on_step_error {on_step_error!r}; valid: {', '.join(map(repr, STEP_ERROR_MODES))}"
             )
         self.on_step_error = on_step_error
         self.model = model
+        graphs = graph_plan(cuda_graphs, model, max_num_seqs, max_model_len)
+        spare_blocks = 0 if graphs is None else 1  # where the graphs' padding rows write
         if kv_store == "slots":
-            kv_store = SlotKVStore.for_model(model, max_num_seqs, max_model_len)
+            kv_store = SlotKVStore.for_model(model, max_num_seqs, max_model_len, spare_blocks)
         elif kv_store == "paged":
             num_kv_blocks = num_kv_blocks or blocks_like_slots(max_num_seqs, max_model_len, block_size)
             kv_store = PagedKVStore.for_model(
-                model, num_kv_blocks, block_size, enable_prefix_caching=enable_prefix_caching
+                model, num_kv_blocks, block_size, spare_blocks, enable_prefix_caching=enable_prefix_caching
             )
         elif isinstance(kv_store, str):
             raise ValueError(f"unknown kv_store {kv_store!r}; valid: 'slots', 'paged', or a KVStore object")
@@ -115,7 +123,7 @@ class Engine:
             max_model_len,
             kv_store,
             sampler,
-            ModelRunner(model, kv_store, sampler, decode_attention),
+            ModelRunner(model, kv_store, sampler, decode_attention, graphs),
             eos_ids,
             model.arch.vocab_size,
             WallClock(),
@@ -130,6 +138,8 @@ class Engine:
                 )
             self.proposer = make_proposer(speculative, max_num_seqs, max_model_len)
             self.num_speculative_tokens = speculative.num_speculative_tokens
+        self.startup_line = f"{self.runner.attention.line}; {graphs.line if graphs else 'no CUDA graphs (eager steps)'}"
+        logger.info("engine: %s", self.startup_line)
 
     def assemble(
         self,

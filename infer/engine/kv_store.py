@@ -54,18 +54,24 @@ class SlotKVStore:
     """One slot of `max_model_len` positions per running sequence, from a free list kept as a min-heap."""
 
     def __init__(self, max_num_seqs: int, max_model_len: int, cache: KVCache | None = None):
-        if cache is not None and (cache.max_seqs, cache.max_len) != (max_num_seqs, max_model_len):
+        if cache is not None and (cache.max_seqs < max_num_seqs or cache.max_len != max_model_len):
             raise ValueError(
                 f"the cache holds {cache.max_seqs} slots of {cache.max_len} positions, "
                 f"not {max_num_seqs} of {max_model_len}"
-            )
+            )  # slots past max_num_seqs are never handed out (CUDA graphs pad their batches into one)
         self.cache, self.block_size, self.num_slots = cache, max_model_len, max_num_seqs
         self.free_slots = list(range(max_num_seqs))  # a heap: heappop hands out the lowest slot
         self.owner: dict[int, str] = {}  # slot -> request id, to catch a double free
 
     @classmethod
-    def for_model(cls, model, max_num_seqs: int, max_model_len: int) -> "SlotKVStore":
-        return cls(max_num_seqs, max_model_len, KVCache.for_model(model, max_num_seqs, max_model_len))
+    def for_model(cls, model, max_num_seqs: int, max_model_len: int, spare_blocks: int = 0) -> "SlotKVStore":
+        """`spare_blocks`: slots in the cache that the store never hands out (infer.engine.cuda_graphs)."""
+        cache = KVCache.for_model(model, max_num_seqs + spare_blocks, max_model_len)
+        return cls(max_num_seqs, max_model_len, cache)
+
+    @property
+    def num_blocks(self) -> int:
+        return self.num_slots
 
     def can_allocate(self, seq: Sequence, num_tokens: int) -> bool:
         return bool(self.free_slots) and seq.num_tokens <= self.block_size

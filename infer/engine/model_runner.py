@@ -16,7 +16,8 @@ from dataclasses import dataclass
 
 import torch
 
-from infer.cpu_kernels import in_place_decode_attention
+from infer.engine.attention_backends import choose_attention
+from infer.engine.cuda_graphs import DecodeGraphs, GraphPlan
 from infer.engine.kv_store import KVStore
 from infer.engine.sampler import Sampler
 from infer.engine.scheduler import Work
@@ -60,42 +61,47 @@ def step_runs(work: list[Work]) -> list[SeqRun]:
     return runs
 
 
-DECODE_ATTENTION = ("sdpa", "in_place")
-
-
-def decode_kernel(decode_attention, model):
-    """None for "sdpa" (gather the blocks, then PyTorch's attention); for "in_place", the compiled
-    CPU kernel that reads them where they lie (infer.cpu_kernels, week 09); a function of your own
-    with that kernel's signature, `(q, k_cache, v_cache, block_tables, lengths, scale) -> out`
-    (lab 09), as it is."""
-    if callable(decode_attention):
-        return decode_attention
-    if decode_attention not in DECODE_ATTENTION:
-        raise ValueError(
-            f"unknown decode_attention {decode_attention!r}; valid: {', '.join(map(repr, DECODE_ATTENTION))}"
-        )
-    if decode_attention == "sdpa":
-        return None
-    weight = model.embed.weight
-    if weight.dtype != torch.float32:
-        raise ValueError(f"decode_attention='in_place' is a float32 kernel; this model is {weight.dtype}")
-    return in_place_decode_attention(weight.device)
-
-
 class ModelRunner:
-    def __init__(self, model, kv_store: KVStore, sampler: Sampler, decode_attention="sdpa"):
+    """`decode_attention`: the kernels' name for infer.engine.attention_backends ("auto", "sdpa",
+    ...) or a decode function of your own. `graphs`: decode steps replayed from CUDA graphs
+    (infer.engine.cuda_graphs), or None: every step eager."""
+
+    def __init__(
+        self, model, kv_store: KVStore, sampler: Sampler, decode_attention="auto", graphs: GraphPlan | None = None
+    ):
         self.model, self.kv_store, self.sampler = model, kv_store, sampler
         self.device = model.embed.weight.device
-        self.decode_kernel = decode_kernel(decode_attention, model)
+        self.attention = choose_attention(decode_attention, model, kv_store.block_size)
+        self.graphs: DecodeGraphs | None = None
+        if graphs is not None:
+            spare = kv_store.num_blocks  # the stores hand out blocks 0..num_blocks-1; the cache has one more
+            if kv_store.cache.max_seqs <= spare:
+                raise ValueError(
+                    "CUDA graphs need a spare KV block for their padding rows: build the store with spare_blocks=1"
+                )
+            self.graphs = DecodeGraphs(
+                model, kv_store.cache, spare, graphs.max_num_seqs, graphs.max_model_len,
+                self.attention.decode_kernel, graphs.graph_type,
+            )  # fmt: skip
         self.num_forwards = 0  # how many model calls so far: one per step
+        self.num_replays = 0  # how many of them replayed a CUDA graph
+
+    @property
+    def decode_kernel(self):
+        return self.attention.decode_kernel
 
     @torch.no_grad()
     def forward(self, work: list[Work]) -> torch.Tensor:
         """Run the step's work in one forward; return the logits of the rows that sample."""
+        self.num_forwards += 1
+        if self.graphs is not None and self.graphs.runs(work):
+            self.num_replays += 1
+            return self.graphs.run(work)
         batch = flatten(work, self.device, with_slots=False)
         tables = [item.seq.block_table for item in work]
-        kv = PagedKV.for_runs(self.kv_store.cache, step_runs(work), tables, decode_kernel=self.decode_kernel)
-        self.num_forwards += 1
+        kv = PagedKV.for_runs(
+            self.kv_store.cache, step_runs(work), tables, self.attention.decode_kernel, self.attention.prefill_kernel
+        )
         return self.model(batch.token_ids, batch.positions, kv, logits_rows=batch.logits_rows.to(self.device))
 
     def sample(self, work: list[Work], logits: torch.Tensor) -> list[list[int]]:

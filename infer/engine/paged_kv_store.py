@@ -49,7 +49,8 @@ class PagedKVStore:
     ):
         if num_blocks < 1 or block_size < 1:
             raise ValueError(f"num_blocks and block_size must be >= 1, got {num_blocks} and {block_size}")
-        if cache is not None and (cache.max_seqs, cache.max_len) != (num_blocks, block_size):
+        # a cache with more blocks is fine: those past num_blocks are never handed out (CUDA graphs' spare)
+        if cache is not None and (cache.max_seqs < num_blocks or cache.max_len != block_size):
             raise ValueError(
                 f"the cache holds {cache.max_seqs} blocks of {cache.max_len} positions, "
                 f"not {num_blocks} of {block_size}"
@@ -62,8 +63,13 @@ class PagedKVStore:
         self.queried_tokens = self.hit_tokens = 0  # prefix-cache lookups, for the hit rate
 
     @classmethod
-    def for_model(cls, model, num_blocks: int, block_size: int = 16, **kwargs) -> "PagedKVStore":
-        return cls(num_blocks, block_size, KVCache.for_model(model, num_blocks, block_size), **kwargs)
+    def for_model(cls, model, num_blocks: int, block_size: int = 16, spare_blocks: int = 0, **kwargs) -> "PagedKVStore":
+        """`spare_blocks`: blocks in the cache that the store never hands out (infer.engine.cuda_graphs)."""
+        return cls(num_blocks, block_size, KVCache.for_model(model, num_blocks + spare_blocks, block_size), **kwargs)
+
+    @property
+    def num_blocks(self) -> int:
+        return len(self.blocks)
 
     # ------------------------------------------------------------ the seam the scheduler asks
 

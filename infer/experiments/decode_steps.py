@@ -16,18 +16,14 @@ from infer.experiments.rounds import spread
 BATCH, CONTEXT, STEPS, WARMUP_STEPS = 32, 288, 20, 10
 
 
-def decode_engine(model, store: str, steps: int, **engine_options) -> Engine:
-    """An engine holding `BATCH` sequences of `CONTEXT` prompt tokens, with room for `steps` decodes."""
-    prompt = [1 + i % (model.arch.vocab_size - 1) for i in range(CONTEXT)]
-    engine = Engine(
-        model,
-        max_num_seqs=BATCH,
-        max_num_batched_tokens=BATCH * CONTEXT,
-        max_model_len=CONTEXT + steps + 16,
-        kv_store=store,
-        **engine_options,
-    )
-    for _ in range(BATCH):
+def decode_engine(
+    model, store: str, steps: int, batch: int = BATCH, context: int = CONTEXT, **engine_options
+) -> Engine:
+    """An engine holding `batch` sequences of `context` prompt tokens, with room for `steps` decodes."""
+    prompt = [1 + i % (model.arch.vocab_size - 1) for i in range(context)]
+    engine_options.setdefault("max_model_len", context + steps + 16)
+    engine = Engine(model, max_num_seqs=batch, max_num_batched_tokens=batch * context, kv_store=store, **engine_options)
+    for _ in range(batch):
         engine.add_request(prompt, benchmark_params(steps + 8))
     return engine
 
@@ -41,9 +37,9 @@ def greedy_tokens(engine: Engine, steps: int, tokens: dict[str, list[int]] | Non
     return tokens
 
 
-def side_by_side(engines: dict[str, Engine], rounds: int, first: str) -> dict:
-    """Median ms of a step of each engine over `rounds` interleaved rounds of STEPS steps (after
-    WARMUP_STEPS each), each engine's ratio to `first`'s, and whether all generated the same tokens."""
+def timed_rounds(engines: dict[str, Engine], rounds: int) -> tuple[dict[str, list[float]], dict[str, dict]]:
+    """Each engine's median step (ms) in each of `rounds` interleaved rounds of STEPS steps, after
+    WARMUP_STEPS each; and the greedy tokens each generated, by request."""
     tokens = {name: greedy_tokens(engine, WARMUP_STEPS) for name, engine in engines.items()}
     step_ms: dict[str, list[float]] = {name: [] for name in engines}
     for _ in range(rounds):
@@ -54,6 +50,13 @@ def side_by_side(engines: dict[str, Engine], rounds: int, first: str) -> dict:
                 greedy_tokens(engine, 1, tokens[name])
                 times.append((time.perf_counter() - start) * 1e3)
             step_ms[name].append(statistics.median(times))
+    return step_ms, tokens
+
+
+def side_by_side(engines: dict[str, Engine], rounds: int, first: str) -> dict:
+    """Median ms of a step of each engine over `rounds` interleaved rounds (timed_rounds), each
+    engine's ratio to `first`'s, and whether all generated the same tokens."""
+    step_ms, tokens = timed_rounds(engines, rounds)
     return {
         "step_ms": {name: spread(values) for name, values in step_ms.items()},
         f"ratio_to_{first}": {

@@ -5,6 +5,7 @@ import argparse
 
 import uvicorn
 
+from infer.engine.attention_backends import DECODE_ATTENTION
 from infer.models import load_model
 from infer.profiles import pick_profile
 from infer.serve.app import build_app
@@ -29,6 +30,13 @@ def main(argv: list[str] | None = None) -> None:
         "--engine-in-process", action="store_true", help="run the engine in a thread of the server's process"
     )
     parser.add_argument("--engine-threads", type=int, default=None, help="torch threads of the engine core")
+    parser.add_argument(
+        "--decode-attention",
+        default=defaults.decode_attention,
+        choices=DECODE_ATTENTION,
+        help="the attention kernels (default: the fastest this machine has)",
+    )
+    parser.add_argument("--cuda-graphs", action="store_true", help="replay decode steps from CUDA graphs (a GPU)")
     args = parser.parse_args(argv)
 
     lm = load_model(profile=pick_profile(args.profile), weights=args.weights)
@@ -43,10 +51,14 @@ def main(argv: list[str] | None = None) -> None:
         args.enable_prefix_caching,
         engine_process=not args.engine_in_process,
         engine_threads=args.engine_threads,
+        decode_attention=args.decode_attention,
+        cuda_graphs=args.cuda_graphs,
     )
     served = build_served(lm, settings)
     if settings.engine_process:  # the line side_by_side reads from the log: where the model computes
         print(f"engine core: process {served.engine.process.pid}, {served.engine.num_threads} torch thread(s)")
+    else:
+        print(f"engine: {served.engine.engine.startup_line}")
     url = f"http://{LOOPBACK}:{args.port}/v1"
     print(
         f"Serving {served.model_name} ({settings.policy} policy, engine "

@@ -40,6 +40,7 @@ def run_engine_core(conn, model, settings: EngineSettings, num_threads: int) -> 
     except Exception as exc:
         conn.send(("failed", f"the engine could not be built: {exc!r}"))
         return
+    print(f"engine core: {engine.startup_line}", flush=True)
     send_seconds = 0.0
 
     def stats() -> EngineStats:

@@ -22,6 +22,10 @@ class EngineSettings:
     # engine's interpreter. False: the engine in a thread of the server's process (week 07 compares).
     engine_process: bool = True
     engine_threads: int | None = None  # torch threads of the engine core process; None: this process's, less one
+    decode_attention: str = "auto"  # the attention kernels (infer.engine.attention_backends)
+    # decode steps replayed from CUDA graphs (infer.engine.cuda_graphs; a CUDA device). Off until a
+    # GPU has measured it: make gpu-check's fast-path phase compares the two
+    cuda_graphs: bool = False
 
 
 def make_engine(model, settings: EngineSettings) -> Engine:
@@ -36,5 +40,7 @@ def make_engine(model, settings: EngineSettings) -> Engine:
         block_size=settings.block_size,
         enable_prefix_caching=settings.enable_prefix_caching,
         speculative=settings.speculative,
+        decode_attention=settings.decode_attention,
+        cuda_graphs=settings.cuda_graphs,
         on_step_error="fail_requests",  # one request's failure must not stop the server
     )
