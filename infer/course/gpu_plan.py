@@ -398,6 +398,7 @@ def _week09(profile: Profile, t: StepTimes) -> Estimate:
         (
             Part("reads the CPU results; one decode step profiled", 15.0),
             Part("builds the in-place CPU kernel (C++), if it is not in the extension cache", 30.0),
+            Part("the GPU section: a tiny engine eager and replayed, and the model's figure", 3.0 + FIGURE_S),
         ),
     )
 
