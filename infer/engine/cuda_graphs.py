@@ -143,7 +143,7 @@ class DecodeGraphs:
         # every input of a step, one after another in one buffer: a step's values arrive in one copy
         fields = [largest] * 5 + [largest * self.blocks_per_seq]
         self.inputs = torch.zeros(sum(fields), dtype=torch.long, device=device)
-        self.staging = torch.zeros(sum(fields), dtype=torch.long, pin_memory=device.type == "cuda")
+        self.staging = torch.zeros(sum(fields), dtype=torch.long, device="cpu", pin_memory=device.type == "cuda")
         token_ids, positions, block_ids, offsets, lengths, tables = self.inputs.split(fields)
         self.token_ids, self.positions, self.block_ids, self.offsets, self.lengths = (
             token_ids, positions, block_ids, offsets, lengths,
@@ -194,7 +194,7 @@ class DecodeGraphs:
             tables += table + [self.spare_block] * (self.blocks_per_seq - len(table))
         tables += [self.spare_block] * (self.blocks_per_seq * padding)
         values = token_ids + positions + block_ids + offsets + lengths + tables
-        self.staging.copy_(torch.tensor(values, dtype=torch.long))
+        self.staging.copy_(torch.tensor(values, dtype=torch.long, device="cpu"))
         # non_blocking from pinned memory: the staging buffer is written again only after the step's
         # sampled tokens reach the host, by which time this copy has long finished
         self.inputs.copy_(self.staging, non_blocking=True)
