@@ -144,10 +144,7 @@ class DecodeGraphs:
         fields = [largest] * 5 + [largest * self.blocks_per_seq]
         self.inputs = torch.zeros(sum(fields), dtype=torch.long, device=device)
         self.staging = torch.zeros(sum(fields), dtype=torch.long, device="cpu", pin_memory=device.type == "cuda")
-        token_ids, positions, block_ids, offsets, lengths, tables = self.inputs.split(fields)
-        self.token_ids, self.positions, self.block_ids, self.offsets, self.lengths = (
-            token_ids, positions, block_ids, offsets, lengths,
-        )  # fmt: skip
+        self.token_ids, self.positions, self.block_ids, self.offsets, self.lengths, tables = self.inputs.split(fields)
         self.tables = tables.view(largest, self.blocks_per_seq)
         self.rows = torch.arange(largest, device=device)
         self._fill([])  # every row a padding row while capturing: the captures write the spare block only

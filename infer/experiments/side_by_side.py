@@ -64,17 +64,29 @@ def prompts_for(concurrency: int) -> int:
     return max(20, 4 * concurrency)
 
 
-def bench_server(url: str, lm, folder: Path, result_dir: Path, name: str, concurrency: int) -> dict:
-    """`vllm bench serve` against a server at `url`, closed loop at `concurrency`."""
+def bench_server(
+    url: str,
+    lm,
+    folder: Path,
+    result_dir: Path,
+    name: str,
+    concurrency: int,
+    *,
+    num_prompts: int | None = None,
+    input_len: int = INPUT_LEN,
+    output_len: int = OUTPUT_LEN,
+) -> dict:
+    """`vllm bench serve` against a server at `url`, closed loop at `concurrency` (by default with
+    `prompts_for(concurrency)` requests of INPUT_LEN in / OUTPUT_LEN out tokens)."""
     return run_vllm_bench(
         url,
         lm.name,
         folder,
         result_dir,
         name,
-        num_prompts=prompts_for(concurrency),
-        input_len=INPUT_LEN,
-        output_len=OUTPUT_LEN,
+        num_prompts=num_prompts or prompts_for(concurrency),
+        input_len=input_len,
+        output_len=output_len,
         max_concurrency=concurrency,
         seed=concurrency,
     )

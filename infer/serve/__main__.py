@@ -17,6 +17,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m infer.serve", description=__doc__)
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument("--profile", default=None, help="cpu or gpu (default: picked from the hardware)")
+    parser.add_argument("--model", default=None, help="a model of infer.models (default: the profile's)")
     parser.add_argument("--weights", default="auto", choices=("auto", "pretrained", "random"))
     parser.add_argument("--policy", default=defaults.policy)
     parser.add_argument("--max-num-seqs", type=int, default=defaults.max_num_seqs)
@@ -39,7 +40,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--cuda-graphs", action="store_true", help="replay decode steps from CUDA graphs (a GPU)")
     args = parser.parse_args(argv)
 
-    lm = load_model(profile=pick_profile(args.profile), weights=args.weights)
+    lm = load_model(args.model, profile=pick_profile(args.profile), weights=args.weights)
     settings = EngineSettings(
         args.policy,
         args.max_num_seqs,

@@ -144,9 +144,11 @@ def running_server_process(
     *,
     port: int | None = None,
     startup_timeout_s: float = 300.0,
+    model: str | None = None,
 ):
     """`python -m infer.serve` in a process of its own (as vLLM's server runs), so that a client in
-    this process shares no interpreter with it; yields its URL."""
+    this process shares no interpreter with it; yields its URL. `model`: another model than the
+    profile's (infer.models), with random weights too."""
     port = port or free_port()
     command = [
         sys.executable,
@@ -158,6 +160,7 @@ def running_server_process(
         profile,
         "--weights",
         "random",
+        *(["--model", model] if model else []),
         "--policy",
         settings.policy,
         "--max-num-seqs",
