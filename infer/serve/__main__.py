@@ -38,6 +38,9 @@ def main(argv: list[str] | None = None) -> None:
         help="the attention kernels (default: the fastest this machine has)",
     )
     parser.add_argument("--cuda-graphs", action="store_true", help="replay decode steps from CUDA graphs (a GPU)")
+    parser.add_argument(
+        "--packed-linears", action="store_true", help="linear layers on weights packed once for oneDNN (a CPU)"
+    )
     args = parser.parse_args(argv)
 
     lm = load_model(args.model, profile=pick_profile(args.profile), weights=args.weights)
@@ -54,6 +57,7 @@ def main(argv: list[str] | None = None) -> None:
         engine_threads=args.engine_threads,
         decode_attention=args.decode_attention,
         cuda_graphs=args.cuda_graphs,
+        packed_linears=args.packed_linears,
     )
     served = build_served(lm, settings)
     if settings.engine_process:  # the line side_by_side reads from the log: where the model computes

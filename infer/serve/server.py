@@ -177,6 +177,10 @@ def running_server_process(
         *(["--enable-prefix-caching"] if settings.enable_prefix_caching else []),
         *([] if settings.engine_process else ["--engine-in-process"]),
         *(["--engine-threads", str(settings.engine_threads)] if settings.engine_threads else []),
+        "--decode-attention",
+        settings.decode_attention,
+        *(["--cuda-graphs"] if settings.cuda_graphs else []),
+        *(["--packed-linears"] if settings.packed_linears else []),
     ]
     with server_process(command, port, log_path, startup_timeout_s) as url:
         yield url

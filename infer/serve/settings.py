@@ -3,6 +3,7 @@ how it is built from a model."""
 
 from dataclasses import dataclass
 
+from infer.cpu_linear import pack_linears
 from infer.engine import Engine
 from infer.engine.speculation import SpeculativeConfig
 
@@ -26,9 +27,16 @@ class EngineSettings:
     # decode steps replayed from CUDA graphs (infer.engine.cuda_graphs; a CUDA device). Off until a
     # GPU has measured it: make gpu-check's fast-path phase compares the two
     cuda_graphs: bool = False
+    # linear layers on weights packed once for oneDNN (infer.cpu_linear; float32 on a CPU): paid on
+    # Qwen2.5-0.5B's shapes, not on the tiny model's (results/09_packed_linear_cpu.json)
+    packed_linears: bool = False
 
 
 def make_engine(model, settings: EngineSettings) -> Engine:
+    """The engine `settings` describe, on `model` (whose linear layers are packed first, in this
+    process, if the settings ask: a packed weight cannot cross to another process)."""
+    if settings.packed_linears:
+        pack_linears(model)
     return Engine(
         model,
         policy=settings.policy,
