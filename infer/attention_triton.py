@@ -79,6 +79,20 @@ def available(device: str, dtype: torch.dtype, head_dim: int) -> Availability:
 if triton is not None:
 
     @triton.jit
+    def online_softmax_step(s, v, m_i, l_i, acc, EXACT_FP32: tl.constexpr):
+        """Fold one tile of scores s [rows, keys] and its values v [keys, HEAD_DIM] into the running
+        max m_i, running sum l_i and unnormalized output acc; masked scores must be -inf, and each
+        row must have seen one finite score, so that the new max is finite."""
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        p = tl.exp(s - m_new[:, None])
+        alpha = tl.exp(m_i - m_new)  # rescales what was accumulated under the old max
+        if EXACT_FP32:  # without it, fp32 dots use TF32 (10-bit mantissa)
+            pv = tl.dot(p.to(v.dtype), v, input_precision="ieee")
+        else:
+            pv = tl.dot(p.to(v.dtype), v)
+        return m_new, l_i * alpha + tl.sum(p, 1), acc * alpha[:, None] + pv
+
+    @triton.jit
     def _attention_forward(
         Q,
         K,
@@ -121,16 +135,8 @@ if triton is not None:
             if CAUSAL:
                 visible = visible & (cols[None, :] <= rows[:, None])
             s = tl.where(visible, s, float("-inf"))
-            # The online softmax: every row has seen key 0 after the first tile, so m_new is finite.
-            m_new = tl.maximum(m_i, tl.max(s, 1))
-            p = tl.exp(s - m_new[:, None])
-            alpha = tl.exp(m_i - m_new)  # rescales what was accumulated under the old max
-            l_i = l_i * alpha + tl.sum(p, 1)
-            if EXACT_FP32:
-                acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
-            else:
-                acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
-            m_i = m_new
+            # every row has seen key 0 after the first tile, so its max stays finite
+            m_i, l_i, acc = online_softmax_step(s, v, m_i, l_i, acc, EXACT_FP32)
 
         out = acc / l_i[:, None]
         tl.store(O + base + rows[:, None] * HEAD_DIM + dims[None, :], out.to(O.dtype.element_ty), mask=row_ok)

@@ -179,10 +179,10 @@ class PagedKV:
         def on_device(values) -> torch.Tensor:  # built on the host, moved once
             return torch.tensor(values, dtype=torch.long, device="cpu").to(device, non_blocking=True)
 
-        prefills = [
+        prefills = [  # with a prefill kernel, the chunks go to it together (PrefillBatch) instead
             PrefillRun(run.rows, run.start, run.end, on_device(table[: -(-run.end // block_size)]))
             for run, table in zip(runs, block_tables)
-            if run.n > 1
+            if run.n > 1 and prefill_kernel is None
         ]
         return cls(
             cache,

@@ -50,6 +50,7 @@ def available(device: str, dtype: torch.dtype, head_dim: int) -> Availability:
 
 
 if triton is not None:
+    from infer.attention_triton import online_softmax_step  # defined only where triton is
 
     @triton.jit
     def _paged_decode_attention(
@@ -100,16 +101,8 @@ if triton is not None:
             else:
                 s = tl.dot(q, tl.trans(k)) * scale
             s = tl.where(valid[None, :], s, float("-inf"))  # a zero key would still get weight exp(0 - m)
-            # The online softmax: the first tile holds position 0 (length >= 1), so m_new is finite.
-            m_new = tl.maximum(m_i, tl.max(s, 1))
-            p = tl.exp(s - m_new[:, None])
-            alpha = tl.exp(m_i - m_new)  # rescales what was accumulated under the old max
-            l_i = l_i * alpha + tl.sum(p, 1)
-            if EXACT_FP32:
-                acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
-            else:
-                acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
-            m_i = m_new
+            # week 04's online softmax; the first tile holds position 0 (length >= 1), so the max is finite
+            m_i, l_i, acc = online_softmax_step(s, v, m_i, l_i, acc, EXACT_FP32)
 
         out = acc / l_i[:, None]
         tl.store(O + query_heads[:, None] * HEAD_DIM + dims[None, :], out.to(O.dtype.element_ty), mask=in_group)

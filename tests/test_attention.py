@@ -1,7 +1,5 @@
 """Every attention implementation that can run here must equal the float64 reference."""
 
-import os
-import subprocess
 import sys
 
 import pytest
@@ -42,7 +40,7 @@ from infer.experiments.attention_bench import (
     run_sweep,
 )
 from infer.timing import Timing
-from tests.notebook_files import REPO_ROOT
+from tests.triton_interpreter import run_in_interpreter, triton_importable
 
 CPU_DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 # Lengths that are not multiples of the tiled block (64 below), and one shorter than a block.
@@ -271,15 +269,7 @@ def test_triton_kernel_on_cuda(dtype, causal):
         assert result.ok, result.line
 
 
-def _triton_importable() -> bool:
-    try:
-        import triton  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
-@pytest.mark.skipif(not _triton_importable(), reason="the triton package is not installed (CPU-only PyTorch)")
+@pytest.mark.skipif(not triton_importable(), reason="the triton package is not installed (CPU-only PyTorch)")
 def test_triton_kernel_in_the_cpu_interpreter():
     """Triton's interpreter (TRITON_INTERPRET=1, read at import) runs the kernel with NumPy. Its
     bf16 dot is broken, so fp32 and fp16 only; bf16 is covered by the CUDA test."""
@@ -291,12 +281,4 @@ def test_triton_kernel_in_the_cpu_interpreter():
         "        r = check_exactness(IMPLEMENTATIONS['triton'], dtype=dtype, causal=causal, shape=(1, 2, 70, 16))\n"
         "        assert r.ok, r.line\n"
     )
-    run = subprocess.run(
-        [sys.executable, "-c", code],
-        cwd=REPO_ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=os.environ | {"TRITON_INTERPRET": "1"},
-    )
-    assert run.returncode == 0, run.stderr[-2000:]
+    run_in_interpreter(code)

@@ -5,10 +5,7 @@ Without a GPU the kernel runs in Triton's CPU interpreter (TRITON_INTERPRET=1, r
 imported), so those tests start a fresh Python. The checks themselves are functions of this module
 that return their failures, so the interpreter and the GPU run the same ones."""
 
-import os
 import random
-import subprocess
-import sys
 from dataclasses import dataclass
 
 import pytest
@@ -16,22 +13,13 @@ import torch
 import torch.nn.functional as F
 
 from infer.paged_decode_triton import available, triton_paged_decode_attention
-from tests.notebook_files import REPO_ROOT
-
-
-def _triton_importable() -> bool:
-    try:
-        import triton  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
+from tests.triton_interpreter import run_in_interpreter, triton_importable
 
 needs_triton = pytest.mark.skipif(
-    not _triton_importable(), reason="the triton package is not installed (CPU-only PyTorch)"
+    not triton_importable(), reason="the triton package is not installed (CPU-only PyTorch)"
 )
 needs_cuda = pytest.mark.skipif(
-    not (torch.cuda.is_available() and _triton_importable()), reason="no CUDA GPU with triton here"
+    not (torch.cuda.is_available() and triton_importable()), reason="no CUDA GPU with triton here"
 )
 
 # Against a float64 reference of the same inputs, |got - want| <= atol + rtol * |want|. fp32: the
@@ -210,15 +198,7 @@ def _in_the_interpreter(check: str):
         f"failures = {check}('cpu', (torch.float32, torch.float16))\n"
         "assert not failures, '\\n'.join(failures)\n"
     )
-    run = subprocess.run(
-        [sys.executable, "-c", code],
-        cwd=REPO_ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=os.environ | {"TRITON_INTERPRET": "1"},
-    )
-    assert run.returncode == 0, run.stderr[-3000:]
+    run_in_interpreter(code)
 
 
 @needs_triton

@@ -86,10 +86,6 @@ class ModelRunner:
         self.num_forwards = 0  # how many model calls so far: one per step
         self.num_replays = 0  # how many of them replayed a CUDA graph
 
-    @property
-    def decode_kernel(self):
-        return self.attention.decode_kernel
-
     @torch.no_grad()
     def forward(self, work: list[Work]) -> torch.Tensor:
         """Run the step's work in one forward; return the logits of the rows that sample."""
